@@ -1,0 +1,43 @@
+#pragma once
+// Full run state in one file, written atomically (temporary file, fsync, rename, fsync of the
+// directory), and validated on load with errors that name the file and the offending entry.
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace train {
+
+struct TrainState {
+  int64_t step = 0;             // optimizer steps completed
+  int64_t epoch = 0;            // loader position: epoch of the next batch
+  int64_t batch_in_epoch = 0;   //                  index of the next micro-batch in that epoch
+  int64_t samples_seen = 0;
+  std::string config_yaml;      // resolved config of the run that wrote the checkpoint
+  // Other components' state (loss scaler, RNG, ...), by name.
+  std::map<std::string, torch::Tensor> tensors;
+};
+
+constexpr int64_t kCheckpointFormat = 1;
+
+void save_checkpoint(const std::string& path, const torch::nn::Module& model,
+                     const torch::optim::Optimizer* optimizer, const TrainState& state);
+
+// Restores model (and optimizer when given) in place. Throws CheckpointError naming the file
+// for a missing/corrupt file, a format mismatch, or a parameter whose name or shape differs.
+TrainState load_checkpoint(const std::string& path, torch::nn::Module& model,
+                           torch::optim::Optimizer* optimizer);
+
+// Loads only the model weights (model.init_from).
+void load_model_weights(const std::string& path, torch::nn::Module& model);
+
+// "<dir>/step_00000123.pt" naming; the newest complete checkpoint in dir, or "" if none.
+std::string checkpoint_path(const std::string& dir, int64_t step);
+std::string latest_checkpoint(const std::string& dir);
+// Deletes periodic checkpoints beyond the newest `keep` (never `protect`).
+void prune_checkpoints(const std::string& dir, int64_t keep, const std::string& protect);
+
+}  // namespace train

@@ -1,0 +1,128 @@
+#pragma once
+// The typed run configuration. YAML in, validated, typed structs out.
+//
+// Every key is declared once, in the schema in config.cpp, with its type, default, range and
+// meaning. Parsing, `--set` overrides, the resolved YAML written into the run directory and the
+// generated reference (`train config --reference`) all come from that one table, so the
+// documentation cannot drift from the code.
+//
+// This header is deliberately free of LibTorch and yaml-cpp.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace train {
+
+struct ModelConfig {
+  std::string name;              // registry name, e.g. "resnet18" (required)
+  int64_t num_classes = 10;
+  int64_t in_channels = 3;
+  double width = 1.0;            // channel width multiplier (1.0 = torchvision's widths)
+  bool small_input = false;      // 3x3 stride-1 stem without max-pool, for 28x28 / 32x32 images
+  std::string init_from;         // optional checkpoint whose model weights initialise the run
+};
+
+struct DataConfig {
+  std::string kind = "idx";      // idx | synthetic
+  std::string root;              // directory with the dataset files (idx)
+  std::string train_images = "train-images-idx3-ubyte";   // file stems; ".gz" is tried too
+  std::string train_labels = "train-labels-idx1-ubyte";
+  std::string val_images = "t10k-images-idx3-ubyte";
+  std::string val_labels = "t10k-labels-idx1-ubyte";
+  int64_t image_size = 0;        // synthetic: H = W; 0 = dataset's own size
+  int64_t channels = 1;          // synthetic: channels per image
+  int64_t synthetic_train_samples = 1024;
+  int64_t synthetic_val_samples = 256;
+  std::vector<double> mean;      // per-channel normalisation; empty = no normalisation
+  std::vector<double> std;
+  bool random_crop = false;      // pad by crop_padding, take a random crop of the original size
+  int64_t crop_padding = 2;
+  bool random_flip = false;      // horizontal flip with p = 0.5
+  bool shuffle = true;
+  bool drop_last = true;
+  int64_t workers = -1;          // loader worker threads; -1 = let the plan decide
+  int64_t prefetch = 2;          // batches prefetched per worker
+};
+
+struct OptimConfig {
+  std::string name = "sgd";      // sgd | adamw
+  double lr = 0.1;               // learning rate for global_batch (before any plan scaling)
+  double momentum = 0.9;
+  bool nesterov = false;
+  double weight_decay = 0.0;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  bool decay_norm_and_bias = false;  // apply weight decay to normalisation weights and biases too
+  double clip_grad_norm = 0.0;   // 0 = no clipping
+};
+
+struct ScheduleConfig {
+  std::string name = "cosine";   // constant | cosine | step
+  int64_t warmup_steps = 0;
+  double warmup_epochs = 0.0;    // converted to steps once the epoch length is known; added to warmup_steps
+  double min_lr_ratio = 0.0;     // cosine floor as a fraction of the peak lr
+  std::vector<double> milestones;  // step: fractions of total steps (0..1) at which lr *= gamma
+  double gamma = 0.1;
+};
+
+struct LossConfig {
+  double label_smoothing = 0.0;
+};
+
+struct TrainerConfig {
+  int64_t epochs = 0;            // 0 = not set; one of epochs or max_steps is required
+  int64_t max_steps = 0;         // optimizer steps; when both are set, training stops at whichever comes first
+  int64_t global_batch = 0;      // samples per optimizer step summed over all ranks (required)
+  int64_t eval_every_steps = 0;  // 0 = at the end of every epoch (and at the end of training)
+  int64_t eval_batch = 0;        // 0 = same as the plan's micro-batch
+  int64_t seed = 0;
+  std::string device = "auto";   // auto | cpu | cuda | cuda:N
+  int64_t threads = 0;           // intra-op CPU threads; 0 = the cores available to the process
+};
+
+struct TuningConfig {
+  int64_t micro_batch = 0;       // per-device micro-batch; 0 = the plan chooses
+  int64_t max_micro_batch = 0;   // upper bound for the plan's choice; 0 = none
+};
+
+struct CheckpointConfig {
+  int64_t every_steps = 0;       // 0 = only at the end
+  int64_t keep_last = 2;         // periodic checkpoints kept on disk (the final one is always kept)
+};
+
+struct LoggingConfig {
+  int64_t every_steps = 50;      // console + metrics.jsonl cadence for training metrics
+  std::string level = "info";    // trace | debug | info | warn | error
+  bool jsonl = true;             // write metrics.jsonl in the run directory
+};
+
+struct Config {
+  ModelConfig model;
+  DataConfig data;
+  OptimConfig optim;
+  ScheduleConfig schedule;
+  LossConfig loss;
+  TrainerConfig trainer;
+  TuningConfig tuning;
+  CheckpointConfig checkpoint;
+  LoggingConfig logging;
+
+  std::string source;            // where it was loaded from (file path or "<string>")
+};
+
+// Parses and validates a YAML file, then applies `--set key=value` overrides (each validated
+// like a YAML value at that key). Throws ConfigError naming file:line:column and the key path.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// Same, from YAML text. `source_name` is used in error messages.
+Config parse_config(const std::string& yaml_text, const std::string& source_name,
+                    const std::vector<std::string>& overrides = {});
+
+// The fully resolved config (every key, defaults filled in) as YAML that parse_config accepts.
+std::string to_yaml(const Config& config);
+
+// Markdown reference of every key: path, type, default, allowed values, meaning.
+std::string config_reference();
+
+}  // namespace train

@@ -1,0 +1,48 @@
+#pragma once
+// The Dataset interface and the Batch that flows from the loader into the trainer.
+#include <torch/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace train::data {
+
+// One sample. `input` has no batch dimension; `target` is a 0-d int64 class index for
+// classification, or a per-position int64 tensor (with -100 = ignore) for token tasks.
+struct Example {
+  torch::Tensor input;
+  torch::Tensor target;
+};
+
+// A collated batch: leading dimension = number of samples.
+struct Batch {
+  torch::Tensor input;
+  torch::Tensor target;
+  int64_t size() const { return input.defined() ? input.size(0) : 0; }
+  Batch to(const torch::Device& device, bool non_blocking = false) const {
+    return Batch{input.to(device, non_blocking), target.to(device, non_blocking)};
+  }
+};
+
+// Random access dataset. `get` must be safe to call from several threads at once, and its
+// result must depend only on (index, epoch seed) so that delivery is identical for any
+// worker count.
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual int64_t size() const = 0;
+  // `seed` is derived from (run seed, epoch, index) by the loader; augmentations draw from it.
+  virtual Example get(int64_t index, uint64_t seed) const = 0;
+  // Collates samples into a batch. The default stacks inputs and targets.
+  virtual Batch collate(std::vector<Example>&& examples) const;
+  // Shape of one input (no batch dim), for plans and probes.
+  virtual std::vector<int64_t> input_shape() const = 0;
+  virtual int64_t num_classes() const = 0;
+  virtual std::string describe() const = 0;
+};
+
+using DatasetPtr = std::shared_ptr<const Dataset>;
+
+}  // namespace train::data

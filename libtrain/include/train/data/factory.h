@@ -1,0 +1,24 @@
+#pragma once
+// Builds the dataset described by the `data:` section of the config.
+#include <train/data/dataset.h>
+
+namespace train {
+struct DataConfig;
+}
+
+namespace train::data {
+
+// Train uses the configured augmentation (random_crop, random_flip); Val uses none. Both
+// normalise by data.mean / data.std when given.
+enum class Split { Train, Val };
+
+// Image side of synthetic data when data.image_size is 0.
+constexpr int64_t kSyntheticDefaultImageSize = 32;
+// Synthetic data has as many classes as MNIST-style data, so the same model config fits both.
+constexpr int64_t kSyntheticNumClasses = 10;
+
+// Throws ConfigError for inconsistent settings (unknown kind, missing root, mean/std lengths
+// that differ from the image channels, ...) and DataError for unreadable or malformed files.
+DatasetPtr make_dataset(const DataConfig& config, Split split);
+
+}  // namespace train::data

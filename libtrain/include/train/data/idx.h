@@ -1,0 +1,53 @@
+#pragma once
+// The IDX format of MNIST and Fashion-MNIST: unsigned-byte images (idx3-ubyte) and labels
+// (idx1-ubyte), plain or gzip-compressed.
+//
+// Layout: two zero bytes, the type code 0x08 (unsigned byte), the number of dimensions, one
+// big-endian uint32 per dimension, then the row-major payload. Every malformation (bad magic,
+// wrong rank, truncated or oversized file, label out of range) is a DataError naming the file.
+#include <train/data/dataset.h>
+#include <train/data/transforms.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace train::data {
+
+// The classes of MNIST and Fashion-MNIST.
+constexpr int64_t kIdxNumClasses = 10;
+
+// `dir/stem` if it exists, else `dir/stem.gz`; DataError naming both when neither does.
+std::string find_data_file(const std::string& dir, const std::string& stem);
+
+// Reads an idx3-ubyte file into a uint8 tensor [N, 1, H, W].
+torch::Tensor read_idx_images(const std::string& path);
+
+// Reads an idx1-ubyte file into an int64 tensor [N]; every label must be < num_classes.
+torch::Tensor read_idx_labels(const std::string& path, int64_t num_classes = kIdxNumClasses);
+
+// Single-channel images held in memory as uint8. get() returns a float [1, H, W] input scaled
+// to [0, 1] and then transformed, and a 0-d int64 target.
+class IdxDataset : public Dataset {
+ public:
+  // Takes file paths (see find_data_file); the image and label counts must agree.
+  IdxDataset(const std::string& images_file, const std::string& labels_file,
+             ImageTransforms transforms = {});
+
+  int64_t size() const override { return labels_.size(0); }
+  Example get(int64_t index, uint64_t seed) const override;
+  std::vector<int64_t> input_shape() const override;
+  int64_t num_classes() const override { return kIdxNumClasses; }
+  std::string describe() const override;
+
+  const torch::Tensor& images() const { return images_; }  // uint8 [N, 1, H, W]
+  const torch::Tensor& labels() const { return labels_; }  // int64 [N]
+
+ private:
+  std::string images_file_;
+  torch::Tensor images_;
+  torch::Tensor labels_;
+  ImageTransforms transforms_;
+};
+
+}  // namespace train::data

@@ -1,0 +1,61 @@
+#pragma once
+// A multi-worker batch loader with deterministic delivery order and a resumable position.
+//
+// Workers are threads. Each batch is assembled by one worker (get() for each index, then
+// collate) into a bounded queue; the caller receives batches strictly in sampler order, so the
+// stream of batches is identical for any worker count given the seed. A worker's exception is
+// re-raised in the caller by next(), naming the sample index.
+#include <train/data/dataset.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+namespace train::data {
+
+struct LoaderOptions {
+  int64_t batch_size = 1;
+  bool shuffle = true;
+  bool drop_last = true;
+  int64_t workers = 0;        // 0 = load in the calling thread
+  int64_t prefetch = 2;       // batches in flight per worker
+  uint64_t seed = 0;
+  bool pin_memory = false;    // collate into page-locked memory (CUDA builds only)
+  int64_t rank = 0;           // shard of the dataset this process reads
+  int64_t world_size = 1;
+};
+
+struct LoaderPosition {
+  int64_t epoch = 0;
+  int64_t batch = 0;          // index of the next batch to be delivered in this epoch
+};
+
+class Loader {
+ public:
+  Loader(DatasetPtr dataset, LoaderOptions options);
+  ~Loader();
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
+
+  // Starts (or restarts) an epoch at a given batch; the shuffle depends only on (seed, epoch).
+  void start(LoaderPosition position);
+  // Next batch of the current epoch, or nullopt at its end.
+  std::optional<Batch> next();
+  LoaderPosition position() const;
+
+  int64_t batches_per_epoch() const;
+  int64_t samples_per_epoch() const;  // samples this rank sees per epoch (after padding/drop)
+  // Seconds the caller spent blocked inside next() since construction.
+  double wait_seconds() const;
+  const Dataset& dataset() const;
+  const LoaderOptions& options() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Mixes (seed, epoch, index) into the per-sample seed passed to Dataset::get.
+uint64_t sample_seed(uint64_t seed, int64_t epoch, int64_t index);
+
+}  // namespace train::data

@@ -1,0 +1,33 @@
+#pragma once
+// Logging facade over spdlog. The header stays free of spdlog/fmt so that translation units
+// that include LibTorch (whose wheel bundles its own fmt) never see Debian's fmt.
+#include <sstream>
+#include <string>
+
+namespace train::log {
+
+enum class Level { trace, debug, info, warn, error, off };
+
+void set_level(Level level);
+void set_level(const std::string& name);  // trace|debug|info|warn|error|off
+// Only rank 0 prints by default in multi-process runs; other ranks log warnings and errors.
+void set_rank(int rank);
+// Also append every message to this file (for example <run_dir>/train.log); "" stops it.
+void set_file(const std::string& path);
+
+void write(Level level, const std::string& message);
+inline void trace(const std::string& m) { write(Level::trace, m); }
+inline void debug(const std::string& m) { write(Level::debug, m); }
+inline void info(const std::string& m) { write(Level::info, m); }
+inline void warn(const std::string& m) { write(Level::warn, m); }
+inline void error(const std::string& m) { write(Level::error, m); }
+
+// str("a=", 1, " b=", 2.5) -> "a=1 b=2.5"
+template <typename... Args>
+std::string str(const Args&... args) {
+  std::ostringstream out;
+  (out << ... << args);
+  return out.str();
+}
+
+}  // namespace train::log

@@ -1,0 +1,38 @@
+#pragma once
+// The model interface the trainer drives, and the registry that maps `model.name` to a builder.
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace train {
+struct ModelConfig;
+}
+
+namespace train::models {
+
+class Model : public torch::nn::Module {
+ public:
+  // Returns logits: [B, classes] for classification, [B, T, vocab] for token tasks.
+  virtual torch::Tensor forward(const torch::Tensor& input) = 0;
+  // True when the model has batch statistics (BatchNorm), so that micro-batching changes results.
+  virtual bool has_batch_stats() const { return false; }
+  // True for conv nets (channels_last and cudnn choices).
+  virtual bool is_convolutional() const { return false; }
+};
+
+using ModelPtr = std::shared_ptr<Model>;
+using ModelBuilder = std::function<ModelPtr(const ModelConfig&)>;
+
+// Registry. Built-in models are registered on first use; users may add their own.
+void register_model(const std::string& name, ModelBuilder builder, const std::string& summary);
+ModelPtr make_model(const ModelConfig& config);  // throws ConfigError for an unknown name
+std::vector<std::string> model_names();
+bool has_model(const std::string& name);
+
+int64_t count_parameters(const torch::nn::Module& module);
+
+}  // namespace train::models

@@ -1,0 +1,41 @@
+#pragma once
+// Optimizer and learning-rate schedule factories.
+#include <train/config.h>
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <memory>
+
+namespace train {
+
+// SGD (momentum, nesterov) or AdamW from `optim`. Two parameter groups: weights with weight
+// decay, and normalisation weights + biases (parameters with <= 1 dimension) without it,
+// unless optim.decay_norm_and_bias is set.
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimConfig& config, torch::nn::Module& model,
+                                                        double lr);
+
+void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);
+
+// Linear warmup from 0 to the peak, then constant, cosine (to min_lr_ratio x peak) or step
+// decay (x gamma at each milestone, given as fractions of the total steps). Pure function of
+// the step, so a resumed run gets the same LR without saving schedule state.
+class LrSchedule {
+ public:
+  LrSchedule(const ScheduleConfig& config, double peak_lr, int64_t total_steps, int64_t warmup_steps);
+  // LR for optimizer step `step` (0-based: the LR used by the step that produces step+1).
+  double at(int64_t step) const;
+
+ private:
+  ScheduleConfig config_;
+  double peak_;
+  int64_t total_;
+  int64_t warmup_;
+};
+
+// Global L2 norm of all gradients, scaling them so that the norm is at most max_norm.
+// Returns the norm before clipping.
+double clip_grad_norm(torch::nn::Module& model, double max_norm);
+
+}  // namespace train

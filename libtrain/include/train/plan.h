@@ -1,0 +1,64 @@
+#pragma once
+// Plan: the resolved, immutable decisions for one run on one device, each with its reason.
+//
+// The config says what the user asked for; the plan records what was decided here and why.
+// It is computed once, up front; nothing downstream re-derives batch arithmetic.
+//
+//   global_batch = micro_batch x accum_steps x world_size     (exactly; otherwise an error)
+#include <train/config.h>
+#include <train/device.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace train {
+
+struct PlanDecision {
+  std::string name;    // "micro_batch"
+  std::string value;   // "64"
+  std::string reason;  // "global 256 / world 1 = 256 per rank; capped at tuning.max_micro_batch 64 -> accum 4"
+};
+
+struct Plan {
+  DeviceProfile device;
+  int64_t world_size = 1;
+  int64_t rank = 0;
+  int64_t global_batch = 0;
+  int64_t micro_batch = 0;
+  int64_t accum_steps = 1;
+  double lr = 0.0;               // peak LR after any scaling
+  int64_t warmup_steps = 0;      // resolved once the epoch length is known (see finalize_schedule)
+  int64_t steps_per_epoch = 0;
+  int64_t total_steps = 0;
+  std::string precision = "fp32";  // fp32 | bf16 | fp16
+  bool tf32 = false;
+  bool channels_last = false;
+  bool cudnn_benchmark = false;
+  int64_t threads = 1;           // intra-op CPU threads
+  int64_t workers = 0;
+  int64_t prefetch = 2;
+  bool pin_memory = false;
+  int64_t model_params = 0;
+  std::vector<PlanDecision> decisions;
+
+  std::string to_text() const;   // the table printed at start
+  std::string to_json() const;
+};
+
+struct PlanInputs {
+  int64_t world_size = 1;
+  int64_t rank = 0;
+  int64_t model_params = 0;
+  bool convolutional = false;    // conv nets: channels_last and cudnn.benchmark candidates
+  bool static_shapes = true;     // every batch has the same input shape
+};
+
+// Resolves the batch arithmetic, precision and loader decisions. Throws ConfigError when the
+// global batch cannot be split exactly.
+Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInputs& inputs);
+
+// Fills steps_per_epoch, total_steps and warmup_steps once the training set size is known.
+void finalize_schedule(Plan& plan, const Config& config, int64_t train_samples);
+
+}  // namespace train

@@ -1,0 +1,28 @@
+#pragma once
+// Assembles a run from a validated config: device profile -> model -> datasets -> plan.
+// This is what `train fit` does before handing over to the Trainer; programs that link
+// train::train can call it too, or build the pieces themselves.
+#include <train/config.h>
+#include <train/data/dataset.h>
+#include <train/models/model.h>
+#include <train/plan.h>
+
+namespace train {
+
+struct RunParts {
+  Config config;
+  DeviceProfile device;
+  models::ModelPtr model;
+  data::DatasetPtr train;
+  data::DatasetPtr val;
+  Plan plan;
+};
+
+// Seeds LibTorch's generator from trainer.seed before building the model, so that the
+// initial weights are reproducible. Reads the data files (DataError on bad input).
+RunParts prepare_run(const Config& config, int world_size = 1, int rank = 0, int local_rank = 0);
+
+// Applies the plan's process-wide settings (threads, TF32, cudnn.benchmark).
+void apply_plan_globals(const Plan& plan);
+
+}  // namespace train

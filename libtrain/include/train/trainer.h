@@ -1,0 +1,57 @@
+#pragma once
+// The training loop: accumulate -> (sync) -> clip -> step -> log -> evaluate -> checkpoint.
+#include <train/config.h>
+#include <train/data/dataset.h>
+#include <train/models/model.h>
+#include <train/plan.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace train {
+
+struct EvalResult {
+  double loss = 0;
+  double accuracy = 0;   // top-1, in [0, 1]
+  int64_t samples = 0;
+};
+
+struct FitResult {
+  int64_t steps = 0;             // optimizer steps completed in total (including resumed ones)
+  int64_t resumed_from_step = 0;
+  double train_loss = 0;         // mean loss of the last logging window
+  EvalResult val;                // final evaluation (samples == 0 when there is no val set)
+  double seconds = 0;            // wall time of this fit() call
+  double data_wait_fraction = 0; // time blocked on the loader / wall time of the training loop
+  std::string last_checkpoint;   // "" when no run directory
+};
+
+class Trainer {
+ public:
+  // `run_dir` receives metrics.jsonl and checkpoints/; "" keeps everything in memory.
+  // `val` may be null.
+  Trainer(Config config, Plan plan, models::ModelPtr model, data::DatasetPtr train, data::DatasetPtr val,
+          std::string run_dir);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Trains to plan.total_steps. `resume` is "" (fresh start), a checkpoint path, or "auto"
+  // (the newest checkpoint in <run_dir>/checkpoints, or a fresh start when there is none).
+  FitResult fit(const std::string& resume = "");
+  EvalResult evaluate();
+
+  // Stops after the current optimizer step (and writes a checkpoint); safe from a signal
+  // handler's flag-polling thread.
+  void request_stop();
+
+  const Plan& plan() const;
+  models::Model& model();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace train

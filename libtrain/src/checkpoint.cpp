@@ -1,0 +1,168 @@
+#include "train/checkpoint.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <torch/torch.h>
+
+#include "atomic_file.h"
+#include "train/errors.h"
+#include "train/files.h"
+
+namespace train {
+namespace {
+
+// Named tensors of a module: parameters, then buffers ("params/..." vs "buffers/..." would
+// break torchvision-style names, so both live in one namespace like a state dict).
+std::vector<std::pair<std::string, torch::Tensor>> state_entries(const torch::nn::Module& model) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& p : model.named_parameters()) out.emplace_back(p.key(), p.value());
+  for (const auto& b : model.named_buffers()) out.emplace_back(b.key(), b.value());
+  return out;
+}
+
+std::string shape_str(const torch::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? "," : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+
+void read_model(torch::serialize::InputArchive& archive, torch::nn::Module& model, const std::string& path) {
+  torch::serialize::InputArchive weights;
+  if (!archive.try_read("model", weights)) throw CheckpointError(path + ": no 'model' entry");
+  torch::NoGradGuard no_grad;
+  for (auto& [name, tensor] : state_entries(model)) {
+    torch::Tensor stored;
+    if (!weights.try_read(name, stored)) {
+      throw CheckpointError(path + ": model entry '" + name + "' is missing (was it written by another model?)");
+    }
+    if (stored.sizes() != tensor.sizes()) {
+      throw CheckpointError(path + ": model entry '" + name + "' has shape " + shape_str(stored) +
+                            ", the model expects " + shape_str(tensor));
+    }
+    tensor.copy_(stored);
+  }
+}
+
+torch::serialize::InputArchive open_archive(const std::string& path) {
+  if (!files::exists(path)) throw CheckpointError(path + ": checkpoint file does not exist");
+  torch::serialize::InputArchive archive;
+  try {
+    archive.load_from(path, torch::kCPU);
+  } catch (const c10::Error& e) {
+    std::string what = e.what_without_backtrace();
+    throw CheckpointError(path + ": not a readable checkpoint (truncated or corrupt): " +
+                          what.substr(0, what.find('\n')));
+  }
+  c10::IValue format;
+  if (!archive.try_read("format", format) || !format.isInt()) {
+    throw CheckpointError(path + ": not a train checkpoint (no 'format' entry)");
+  }
+  if (format.toInt() != kCheckpointFormat) {
+    throw CheckpointError(path + ": checkpoint format " + std::to_string(format.toInt()) +
+                          ", this build reads format " + std::to_string(kCheckpointFormat));
+  }
+  return archive;
+}
+
+int64_t read_int(torch::serialize::InputArchive& archive, const std::string& key, const std::string& path) {
+  c10::IValue v;
+  if (!archive.try_read(key, v) || !v.isInt()) throw CheckpointError(path + ": missing integer entry '" + key + "'");
+  return v.toInt();
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& path, const torch::nn::Module& model,
+                     const torch::optim::Optimizer* optimizer, const TrainState& state) {
+  torch::serialize::OutputArchive archive;
+  archive.write("format", c10::IValue(kCheckpointFormat));
+  torch::serialize::OutputArchive weights;
+  for (const auto& [name, tensor] : state_entries(model)) weights.write(name, tensor.detach().to(torch::kCPU));
+  archive.write("model", weights);
+  if (optimizer) {
+    torch::serialize::OutputArchive opt;
+    optimizer->save(opt);
+    archive.write("optimizer", opt);
+  }
+  archive.write("step", c10::IValue(state.step));
+  archive.write("epoch", c10::IValue(state.epoch));
+  archive.write("batch_in_epoch", c10::IValue(state.batch_in_epoch));
+  archive.write("samples_seen", c10::IValue(state.samples_seen));
+  archive.write("config", c10::IValue(state.config_yaml));
+  torch::serialize::OutputArchive extra;
+  for (const auto& [name, tensor] : state.tensors) extra.write(name, tensor.detach().to(torch::kCPU));
+  archive.write("state", extra);
+
+  detail::write_atomically(path, [&](const auto& sink) {
+    archive.save_to([&](const void* data, size_t n) -> size_t { return sink(data, n) ? n : 0; });
+  });
+}
+
+TrainState load_checkpoint(const std::string& path, torch::nn::Module& model, torch::optim::Optimizer* optimizer) {
+  auto archive = open_archive(path);
+  read_model(archive, model, path);
+  if (optimizer) {
+    torch::serialize::InputArchive opt;
+    if (!archive.try_read("optimizer", opt)) throw CheckpointError(path + ": no 'optimizer' entry");
+    try {
+      optimizer->load(opt);
+    } catch (const c10::Error& e) {
+      std::string what = e.what_without_backtrace();
+      throw CheckpointError(path + ": optimizer state does not match this optimizer: " +
+                            what.substr(0, what.find('\n')));
+    }
+  }
+  TrainState state;
+  state.step = read_int(archive, "step", path);
+  state.epoch = read_int(archive, "epoch", path);
+  state.batch_in_epoch = read_int(archive, "batch_in_epoch", path);
+  state.samples_seen = read_int(archive, "samples_seen", path);
+  c10::IValue config;
+  if (archive.try_read("config", config) && config.isString()) state.config_yaml = config.toStringRef();
+  torch::serialize::InputArchive extra;
+  if (archive.try_read("state", extra)) {
+    for (const auto& key : extra.keys()) {
+      torch::Tensor t;
+      extra.read(key, t);
+      state.tensors[key] = t;
+    }
+  }
+  return state;
+}
+
+void load_model_weights(const std::string& path, torch::nn::Module& model) {
+  auto archive = open_archive(path);
+  read_model(archive, model, path);
+}
+
+std::string checkpoint_path(const std::string& dir, int64_t step) {
+  char name[64];
+  std::snprintf(name, sizeof(name), "step_%08lld.pt", static_cast<long long>(step));
+  return files::join(dir, name);
+}
+
+namespace {
+std::vector<std::string> list_checkpoints(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& name : files::list_directory(dir)) {  // sorted; zero-padded steps sort by step
+    const bool is_ckpt = name.rfind("step_", 0) == 0 && name.size() > 3 && name.substr(name.size() - 3) == ".pt";
+    if (is_ckpt && files::is_regular_file(files::join(dir, name))) out.push_back(files::join(dir, name));
+  }
+  return out;
+}
+}  // namespace
+
+std::string latest_checkpoint(const std::string& dir) {
+  const auto all = list_checkpoints(dir);
+  return all.empty() ? "" : all.back();
+}
+
+void prune_checkpoints(const std::string& dir, int64_t keep, const std::string& protect) {
+  auto all = list_checkpoints(dir);
+  const int64_t excess = static_cast<int64_t>(all.size()) - std::max<int64_t>(1, keep);
+  for (int64_t i = 0; i < excess; ++i) {
+    if (all[i] != protect) files::remove_file(all[i]);
+  }
+}
+
+}  // namespace train

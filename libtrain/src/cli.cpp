@@ -1,0 +1,184 @@
+#include "train/cli.h"
+
+#include <CLI/CLI.hpp>
+#include <torch/torch.h>
+
+#include <atomic>
+#include <csignal>
+#include <iostream>
+
+#include "atomic_file.h"
+#include "train/checkpoint.h"
+#include "train/config.h"
+#include "train/errors.h"
+#include "train/files.h"
+#include "train/log.h"
+#include "train/metrics.h"
+#include "train/run.h"
+#include "train/trainer.h"
+
+namespace train {
+namespace {
+
+// SIGTERM / SIGINT ask the trainer to stop after the current step and checkpoint.
+std::atomic<Trainer*> g_active_trainer{nullptr};
+extern "C" void on_stop_signal(int) {
+  if (Trainer* t = g_active_trainer.load()) t->request_stop();
+}
+
+struct ScopedStopHandler {
+  explicit ScopedStopHandler(Trainer& t) {
+    g_active_trainer.store(&t);
+    std::signal(SIGTERM, on_stop_signal);
+    std::signal(SIGINT, on_stop_signal);
+  }
+  ~ScopedStopHandler() {
+    std::signal(SIGTERM, SIG_DFL);
+    std::signal(SIGINT, SIG_DFL);
+    g_active_trainer.store(nullptr);
+  }
+};
+
+struct CommonArgs {
+  std::string config;
+  std::vector<std::string> sets;
+};
+
+void add_common(CLI::App* cmd, CommonArgs& args) {
+  cmd->add_option("config", args.config, "YAML run configuration")->required();
+  cmd->add_option("--set", args.sets, "Override a config key, e.g. --set optim.lr=0.05 (repeatable)")
+      ->type_name("KEY=VALUE");
+}
+
+std::string default_run_dir(const std::string& config_path) {
+  return files::join("runs", files::stem(config_path));
+}
+
+int cmd_check(const CommonArgs& args) {
+  const Config config = load_config(args.config, args.sets);
+  std::cout << args.config << ": OK (model " << config.model.name << ", global batch "
+            << config.trainer.global_batch << ")\n";
+  return kExitOk;
+}
+
+int cmd_plan(const CommonArgs& args, bool json) {
+  const Config config = load_config(args.config, args.sets);
+  const RunParts run = prepare_run(config);
+  std::cout << (json ? run.plan.to_json() + "\n" : run.plan.to_text());
+  return kExitOk;
+}
+
+int cmd_fit(const CommonArgs& args, std::string run_dir, const std::string& resume) {
+  // Everything that can be rejected is checked before the run directory is touched.
+  const Config config = load_config(args.config, args.sets);
+  if (run_dir.empty()) run_dir = default_run_dir(args.config);
+  const std::string ckpt_dir = files::join(run_dir, "checkpoints");
+  if (resume.empty() && !latest_checkpoint(ckpt_dir).empty()) {
+    throw UsageError("run directory " + run_dir + " already holds checkpoints; pass --resume auto to continue it, "
+                     "or --run-dir to start a new run");
+  }
+  if (!resume.empty() && resume != "auto" && !files::exists(resume)) {
+    throw CheckpointError(resume + ": checkpoint file does not exist (--resume)");
+  }
+  RunParts run = prepare_run(config);
+  log::set_level(config.logging.level);
+
+  files::make_directories(run_dir);
+  log::set_file(files::join(run_dir, "train.log"));
+  detail::write_text_atomically(files::join(run_dir, "config.yaml"), to_yaml(config));
+  detail::write_text_atomically(files::join(run_dir, "plan.json"), run.plan.to_json() + "\n");
+  log::info("run directory " + run_dir);
+  log::info(run.model->name() + ": " + std::to_string(run.plan.model_params) + " parameters; train " +
+            run.train->describe() + "; val " + run.val->describe());
+  std::istringstream plan_text(run.plan.to_text());
+  for (std::string line; std::getline(plan_text, line);) log::info(line);
+
+  apply_plan_globals(run.plan);
+  Trainer trainer(config, run.plan, run.model, run.train, run.val, run_dir);
+  FitResult result;
+  {
+    ScopedStopHandler stop(trainer);
+    result = trainer.fit(resume);
+  }
+  log::info(log::str("done: ", result.steps, " steps in ", format_duration(result.seconds), "; data wait ",
+                     100.0 * result.data_wait_fraction, "% of loop time",
+                     result.val.samples ? log::str("; val top-1 ", 100.0 * result.val.accuracy, "%") : ""));
+  log::set_file("");
+  return kExitOk;
+}
+
+int cmd_eval(const CommonArgs& args, const std::string& checkpoint) {
+  const Config config = load_config(args.config, args.sets);
+  RunParts run = prepare_run(config);
+  load_model_weights(checkpoint, *run.model);
+  apply_plan_globals(run.plan);
+  Trainer trainer(config, run.plan, run.model, run.train, run.val, "");
+  const EvalResult ev = trainer.evaluate();
+  MetricRecord r;
+  r.add("checkpoint", checkpoint).add("split", "val").add("loss", ev.loss).add("accuracy", ev.accuracy)
+      .add("samples", ev.samples);
+  std::cout << r.to_json() << "\n";
+  return kExitOk;
+}
+
+}  // namespace
+
+int run_cli(int argc, char** argv) {
+  CLI::App app{"train: device-adaptive training on LibTorch"};
+  app.require_subcommand(1);
+  app.footer("Exit codes: 0 success, 1 runtime failure, 2 invalid usage or input (nothing written).");
+
+  CommonArgs fit_args, eval_args, check_args, plan_args;
+  std::string run_dir, resume, checkpoint;
+  bool plan_json = false, reference = false;
+
+  auto* fit = app.add_subcommand("fit", "Train a model from a YAML config");
+  add_common(fit, fit_args);
+  fit->add_option("--run-dir", run_dir, "Run directory (default: runs/<config name>)");
+  fit->add_option("--resume", resume, "Checkpoint to resume from, or 'auto' for the newest in the run directory")
+      ->type_name("PATH|auto");
+
+  auto* eval = app.add_subcommand("eval", "Evaluate a checkpoint on the validation split");
+  add_common(eval, eval_args);
+  eval->add_option("--checkpoint", checkpoint, "Checkpoint file")->required();
+
+  auto* check = app.add_subcommand("check", "Validate a config without training");
+  add_common(check, check_args);
+
+  auto* plan = app.add_subcommand("plan", "Print the resolved plan for this device without training");
+  add_common(plan, plan_args);
+  plan->add_flag("--json", plan_json, "Print JSON");
+
+  auto* config_cmd = app.add_subcommand("config", "Config schema tools");
+  config_cmd->add_flag("--reference", reference, "Print the reference of every config key (Markdown)")->required();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? kExitOk : kExitInvalid;
+  }
+
+  try {
+    if (fit->parsed()) return cmd_fit(fit_args, run_dir, resume);
+    if (eval->parsed()) return cmd_eval(eval_args, checkpoint);
+    if (check->parsed()) return cmd_check(check_args);
+    if (plan->parsed()) return cmd_plan(plan_args, plan_json);
+    if (config_cmd->parsed()) {
+      std::cout << config_reference();
+      return kExitOk;
+    }
+  } catch (const Error& e) {
+    log::error(e.what());
+    return e.exit_code();
+  } catch (const c10::Error& e) {
+    log::error(std::string("LibTorch error: ") + e.what_without_backtrace());
+    return kExitRuntime;
+  } catch (const std::exception& e) {
+    log::error(e.what());
+    return kExitRuntime;
+  }
+  return kExitInvalid;
+}
+
+}  // namespace train

@@ -1,0 +1,883 @@
+// The configuration schema and everything derived from it: YAML parsing and validation,
+// `--set key=value` overrides, the resolved YAML written into the run directory and the
+// Markdown reference.
+//
+// `schema()` is the single source of truth: one `Key` per config field with its type, range,
+// meaning and accessors into `Config`. Defaults are not repeated here; they are read from a
+// default-constructed `Config` through each key's getter.
+#include "train/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <type_traits>
+#include <utility>
+#include <variant>
+
+#include "train/errors.h"
+#include "train/files.h"
+
+namespace train {
+namespace {
+
+// ---- Schema -----------------------------------------------------------------------------------
+
+// The value of one key; the alternative matches the key's field type in `Config`.
+using Value = std::variant<int64_t, double, bool, std::string, std::vector<double>>;
+
+enum class Type { Int, Float, Bool, String, Enum, FloatList };
+
+struct Bound {
+  double value;
+  bool inclusive;
+};
+
+// An extra rule for a string key: returns the problem, or "" when the value is fine.
+using StringCheck = std::function<std::string(const std::string&)>;
+
+struct Key {
+  std::string section;
+  std::string name;
+  std::string path;  // "section.name"
+  Type type = Type::String;
+  std::string meaning;
+  std::optional<Bound> lower;  // for Type::FloatList the bounds apply to every element
+  std::optional<Bound> upper;
+  std::vector<std::string> allowed;  // Type::Enum only
+  bool required = false;
+  StringCheck check;          // Type::String only
+  std::string check_summary;  // what `check` accepts, for the reference
+  std::function<Value(const Config&)> get;
+  std::function<void(Config&, const Value&)> set;
+
+  // Builders used by the schema table.
+  Key& at_least(double v) {
+    lower = Bound{v, true};
+    return *this;
+  }
+  Key& above(double v) {
+    lower = Bound{v, false};
+    return *this;
+  }
+  Key& at_most(double v) {
+    upper = Bound{v, true};
+    return *this;
+  }
+  Key& below(double v) {
+    upper = Bound{v, false};
+    return *this;
+  }
+  Key& one_of(std::vector<std::string> values) {
+    type = Type::Enum;
+    allowed = std::move(values);
+    return *this;
+  }
+  Key& is_required() {
+    required = true;
+    return *this;
+  }
+  Key& checked_by(StringCheck rule, std::string summary) {
+    check = std::move(rule);
+    check_summary = std::move(summary);
+    return *this;
+  }
+};
+
+template <typename Field>
+Type type_of() {
+  if constexpr (std::is_same_v<Field, int64_t>) {
+    return Type::Int;
+  } else if constexpr (std::is_same_v<Field, double>) {
+    return Type::Float;
+  } else if constexpr (std::is_same_v<Field, bool>) {
+    return Type::Bool;
+  } else if constexpr (std::is_same_v<Field, std::string>) {
+    return Type::String;
+  } else {
+    static_assert(std::is_same_v<Field, std::vector<double>>, "unsupported config field type");
+    return Type::FloatList;
+  }
+}
+
+// Makes the keys of one section: `optim("lr", &OptimConfig::lr, "meaning")`.
+template <typename Section>
+class SectionKeys {
+ public:
+  SectionKeys(const char* name, Section Config::*member) : name_(name), member_(member) {}
+
+  template <typename Field>
+  Key operator()(const char* key_name, Field Section::*field, const char* meaning) const {
+    Key key;
+    key.section = name_;
+    key.name = key_name;
+    key.path = std::string(name_) + "." + key_name;
+    key.type = type_of<Field>();
+    key.meaning = meaning;
+    const auto member = member_;
+    key.get = [member, field](const Config& c) -> Value { return (c.*member).*field; };
+    key.set = [member, field](Config& c, const Value& v) {
+      (c.*member).*field = std::get<Field>(v);
+    };
+    return key;
+  }
+
+ private:
+  const char* name_;
+  Section Config::*member_;
+};
+
+struct SectionInfo {
+  const char* name;
+  const char* meaning;
+};
+
+// In the order of to_yaml and the reference.
+constexpr SectionInfo kSections[] = {
+    {"model", "The network to build."},
+    {"data", "Dataset, preprocessing and the input pipeline."},
+    {"optim", "Optimizer."},
+    {"schedule", "Learning-rate schedule."},
+    {"loss", "Training loss."},
+    {"trainer", "Length of training, batch size, evaluation, seed and device."},
+    {"tuning", "Limits for the execution plan."},
+    {"checkpoint", "Periodic checkpoints."},
+    {"logging", "Console and metrics output."},
+};
+
+std::string check_device(const std::string& device) {
+  if (device == "auto" || device == "cpu" || device == "cuda") return "";
+  const std::string prefix = "cuda:";
+  const std::string index = device.substr(std::min(device.size(), prefix.size()));
+  if (device.compare(0, prefix.size(), prefix) == 0 && !index.empty() &&
+      std::all_of(index.begin(), index.end(), [](unsigned char c) { return std::isdigit(c); }))
+    return "";
+  return "must be auto, cpu, cuda or cuda:N (N a device index), got '" + device + "'";
+}
+
+std::vector<Key> build_schema() {
+  const SectionKeys model("model", &Config::model);
+  const SectionKeys data("data", &Config::data);
+  const SectionKeys optim("optim", &Config::optim);
+  const SectionKeys schedule("schedule", &Config::schedule);
+  const SectionKeys loss("loss", &Config::loss);
+  const SectionKeys trainer("trainer", &Config::trainer);
+  const SectionKeys tuning("tuning", &Config::tuning);
+  const SectionKeys checkpoint("checkpoint", &Config::checkpoint);
+  const SectionKeys logging("logging", &Config::logging);
+  using M = ModelConfig;
+  using D = DataConfig;
+  using O = OptimConfig;
+  using S = ScheduleConfig;
+  using T = TrainerConfig;
+  return {
+      model("name", &M::name, "registry name of the network, e.g. resnet18").is_required(),
+      model("num_classes", &M::num_classes, "number of output classes").at_least(1),
+      model("in_channels", &M::in_channels, "channels of the input images").at_least(1),
+      model("width", &M::width, "channel width multiplier (1.0 = torchvision's widths)").above(0),
+      model("small_input", &M::small_input,
+            "3x3 stride-1 stem without max-pool, for 28x28 / 32x32 images"),
+      model("init_from", &M::init_from,
+            "checkpoint whose model weights initialise the run; empty = random initialisation"),
+
+      data("kind", &D::kind, "dataset kind").one_of({"idx", "synthetic"}),
+      data("root", &D::root, "directory with the dataset files (required when kind is idx)"),
+      data("train_images", &D::train_images, "idx: training images file in root; .gz is tried too"),
+      data("train_labels", &D::train_labels, "idx: training labels file in root; .gz is tried too"),
+      data("val_images", &D::val_images, "idx: validation images file in root; .gz is tried too"),
+      data("val_labels", &D::val_labels, "idx: validation labels file in root; .gz is tried too"),
+      data("image_size", &D::image_size,
+           "synthetic: image height = width; 0 = the dataset's own size")
+          .at_least(0),
+      data("channels", &D::channels, "synthetic: channels per image").at_least(1),
+      data("synthetic_train_samples", &D::synthetic_train_samples, "synthetic: training samples")
+          .at_least(1),
+      data("synthetic_val_samples", &D::synthetic_val_samples, "synthetic: validation samples")
+          .at_least(1),
+      data("mean", &D::mean, "per-channel normalisation mean; empty = no normalisation"),
+      data("std", &D::std, "per-channel normalisation std; same length as mean").above(0),
+      data("random_crop", &D::random_crop,
+           "pad by crop_padding, then take a random crop of the original size"),
+      data("crop_padding", &D::crop_padding, "padding in pixels for random_crop").at_least(0),
+      data("random_flip", &D::random_flip, "random horizontal flip with p = 0.5"),
+      data("shuffle", &D::shuffle, "shuffle the training set every epoch"),
+      data("drop_last", &D::drop_last, "drop the last incomplete training batch of an epoch"),
+      data("workers", &D::workers, "loader worker threads; -1 = let the plan decide").at_least(-1),
+      data("prefetch", &D::prefetch, "batches prefetched per worker").at_least(1),
+
+      optim("name", &O::name, "optimizer").one_of({"sgd", "adamw"}),
+      optim("lr", &O::lr, "learning rate for global_batch (before any plan scaling)").above(0),
+      optim("momentum", &O::momentum, "sgd: momentum").at_least(0).below(1),
+      optim("nesterov", &O::nesterov, "sgd: use Nesterov momentum"),
+      optim("weight_decay", &O::weight_decay, "weight decay coefficient").at_least(0),
+      optim("beta1", &O::beta1, "adamw: decay rate of the first-moment estimate")
+          .at_least(0)
+          .below(1),
+      optim("beta2", &O::beta2, "adamw: decay rate of the second-moment estimate")
+          .at_least(0)
+          .below(1),
+      optim("eps", &O::eps, "adamw: term added to the denominator for stability").above(0),
+      optim("decay_norm_and_bias", &O::decay_norm_and_bias,
+            "apply weight decay to normalisation weights and biases too"),
+      optim("clip_grad_norm", &O::clip_grad_norm, "maximum global gradient norm; 0 = no clipping")
+          .at_least(0),
+
+      schedule("name", &S::name, "learning-rate schedule").one_of({"constant", "cosine", "step"}),
+      schedule("warmup_steps", &S::warmup_steps, "linear warmup, in optimizer steps").at_least(0),
+      schedule("warmup_epochs", &S::warmup_epochs,
+               "linear warmup in epochs; converted to steps and added to warmup_steps")
+          .at_least(0),
+      schedule("min_lr_ratio", &S::min_lr_ratio, "cosine: floor as a fraction of the peak lr")
+          .at_least(0)
+          .at_most(1),
+      schedule("milestones", &S::milestones,
+               "step: increasing fractions of the total steps at which lr is multiplied by gamma")
+          .above(0)
+          .below(1),
+      schedule("gamma", &S::gamma, "step: lr multiplier applied at each milestone")
+          .above(0)
+          .at_most(1),
+
+      loss("label_smoothing", &LossConfig::label_smoothing,
+           "label smoothing of the cross-entropy loss")
+          .at_least(0)
+          .below(1),
+
+      trainer("epochs", &T::epochs, "epochs to train; 0 = not set (set epochs, max_steps or both)")
+          .at_least(0),
+      trainer("max_steps", &T::max_steps,
+              "optimizer steps to train; 0 = not set; with epochs, whichever ends first")
+          .at_least(0),
+      trainer("global_batch", &T::global_batch, "samples per optimizer step, summed over all ranks")
+          .at_least(1)
+          .is_required(),
+      trainer("eval_every_steps", &T::eval_every_steps,
+              "evaluate every N steps; 0 = at the end of every epoch (and of training)")
+          .at_least(0),
+      trainer("eval_batch", &T::eval_batch, "evaluation batch size; 0 = the plan's micro-batch")
+          .at_least(0),
+      trainer("seed", &T::seed, "random seed").at_least(0),
+      trainer("device", &T::device, "device to train on; auto = cuda when available, else cpu")
+          .checked_by(check_device, "`auto`, `cpu`, `cuda`, `cuda:N`"),
+      trainer("threads", &T::threads,
+              "intra-op CPU threads; 0 = the cores available to the process")
+          .at_least(0),
+
+      tuning("micro_batch", &TuningConfig::micro_batch,
+             "per-device micro-batch (at most global_batch); 0 = the plan chooses")
+          .at_least(0),
+      tuning("max_micro_batch", &TuningConfig::max_micro_batch,
+             "upper bound for the plan's micro-batch choice; 0 = none")
+          .at_least(0),
+
+      checkpoint("every_steps", &CheckpointConfig::every_steps,
+                 "save a checkpoint every N optimizer steps; 0 = only at the end")
+          .at_least(0),
+      checkpoint("keep_last", &CheckpointConfig::keep_last,
+                 "periodic checkpoints kept on disk (the final one is always kept)")
+          .at_least(1),
+
+      logging("every_steps", &LoggingConfig::every_steps,
+              "training metrics cadence (console and metrics.jsonl), in optimizer steps")
+          .at_least(1),
+      logging("level", &LoggingConfig::level, "console log level")
+          .one_of({"trace", "debug", "info", "warn", "error"}),
+      logging("jsonl", &LoggingConfig::jsonl, "write metrics.jsonl in the run directory"),
+  };
+}
+
+const std::vector<Key>& schema() {
+  static const std::vector<Key> keys = build_schema();
+  return keys;
+}
+
+const Key* find_key(const std::string& path) {
+  for (const Key& key : schema())
+    if (key.path == path) return &key;
+  return nullptr;
+}
+
+bool is_section(const std::string& name) {
+  return std::any_of(std::begin(kSections), std::end(kSections),
+                     [&](const SectionInfo& s) { return name == s.name; });
+}
+
+// ---- Did-you-mean ------------------------------------------------------------------------------
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> previous(b.size() + 1), current(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) previous[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    current[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t substitution = previous[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+      current[j] = std::min({previous[j] + 1, current[j - 1] + 1, substitution});
+    }
+    std::swap(previous, current);
+  }
+  return previous[b.size()];
+}
+
+// The index of the candidate closest to `word`, if it is close enough to be a plausible typo.
+// A candidate that would replace every character of `word` is never suggested.
+std::optional<size_t> closest(const std::string& word, const std::vector<std::string>& candidates) {
+  const size_t limit = std::max<size_t>(2, word.size() / 3);
+  std::optional<size_t> best;
+  size_t best_distance = 0;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const size_t d = edit_distance(word, candidates[i]);
+    if (d <= limit && d < word.size() && (!best || d < best_distance)) {
+      best = i;
+      best_distance = d;
+    }
+  }
+  return best;
+}
+
+std::string join(const std::vector<std::string>& items, const std::string& separator) {
+  std::string text;
+  for (size_t i = 0; i < items.size(); ++i) text += (i ? separator : "") + items[i];
+  return text;
+}
+
+std::string did_you_mean(const std::string& suggestion) {
+  return "; did you mean '" + suggestion + "'?";
+}
+
+std::string unknown_section_problem(const std::string& name) {
+  std::vector<std::string> names;
+  for (const SectionInfo& s : kSections) names.emplace_back(s.name);
+  if (const auto i = closest(name, names)) return "unknown section" + did_you_mean(names[*i]);
+  return "unknown section; the sections are " + join(names, ", ");
+}
+
+// An unknown key in a known section: suggest a key of that section first, then a key of the same
+// name in another section (e.g. `lr` written under `trainer` -> `optim.lr`).
+std::string unknown_key_problem(const std::string& section, const std::string& name) {
+  std::vector<std::string> here, elsewhere, elsewhere_paths;
+  for (const Key& key : schema()) {
+    if (key.section == section) {
+      here.push_back(key.name);
+    } else {
+      elsewhere.push_back(key.name);
+      elsewhere_paths.push_back(key.path);
+    }
+  }
+  if (const auto i = closest(name, here))
+    return "unknown key" + did_you_mean(section + "." + here[*i]);
+  if (const auto i = closest(name, elsewhere))
+    return "unknown key" + did_you_mean(elsewhere_paths[*i]);
+  return "unknown key in section '" + section + "'";
+}
+
+// An unknown dotted path, as given to --set: a key of a known section is handled as in a file;
+// otherwise the closest full path, then the closest key name (`lr` -> `optim.lr`).
+std::string unknown_path_problem(const std::string& path) {
+  const size_t dot = path.find('.');
+  if (dot != std::string::npos && is_section(path.substr(0, dot)))
+    return unknown_key_problem(path.substr(0, dot), path.substr(dot + 1));
+  std::vector<std::string> paths, names;
+  for (const Key& key : schema()) {
+    paths.push_back(key.path);
+    names.push_back(key.name);
+  }
+  if (const auto i = closest(path, paths)) return "unknown key" + did_you_mean(paths[*i]);
+  const size_t last_dot = path.rfind('.');
+  const std::string last_name = last_dot == std::string::npos ? path : path.substr(last_dot + 1);
+  if (const auto i = closest(last_name, names)) return "unknown key" + did_you_mean(paths[*i]);
+  return "unknown key (keys are written section.name, e.g. optim.lr)";
+}
+
+// ---- Formatting values -------------------------------------------------------------------------
+
+// Shortest text that parses back to exactly `v`.
+std::string format_number(double v) {
+  char buffer[64];
+  const auto result = std::to_chars(buffer, buffer + sizeof buffer, v);
+  return std::string(buffer, result.ptr);
+}
+
+// Like format_number, but keeps a float recognisable as one: 1.0, not 1.
+std::string format_float(double v) {
+  std::string text = format_number(v);
+  if (text.find_first_of(".e") == std::string::npos) text += ".0";
+  return text;
+}
+
+// A YAML scalar that reads back as exactly `s` (quoted only when a plain scalar would not).
+std::string yaml_string(const std::string& s) {
+  YAML::Emitter out;
+  out << s;
+  return out.c_str();
+}
+
+std::string format_value(const Value& value) {
+  struct Formatter {
+    std::string operator()(int64_t v) const { return std::to_string(v); }
+    std::string operator()(double v) const { return format_float(v); }
+    std::string operator()(bool v) const { return v ? "true" : "false"; }
+    std::string operator()(const std::string& v) const { return yaml_string(v); }
+    std::string operator()(const std::vector<double>& v) const {
+      std::string text = "[";
+      for (size_t i = 0; i < v.size(); ++i) text += (i ? ", " : "") + format_float(v[i]);
+      return text + "]";
+    }
+  };
+  return std::visit(Formatter{}, value);
+}
+
+const char* type_name(Type type) {
+  switch (type) {
+    case Type::Int: return "int";
+    case Type::Float: return "float";
+    case Type::Bool: return "bool";
+    case Type::String: return "string";
+    case Type::Enum: return "enum";
+    case Type::FloatList: return "list of floats";
+  }
+  return "";
+}
+
+// "> 0", "<= 1", "[0, 1)"; empty when the key has no bounds.
+std::string describe_range(const Key& key) {
+  if (key.lower && key.upper)
+    return std::string(key.lower->inclusive ? "[" : "(") + format_number(key.lower->value) + ", " +
+           format_number(key.upper->value) + (key.upper->inclusive ? "]" : ")");
+  if (key.lower) return (key.lower->inclusive ? ">= " : "> ") + format_number(key.lower->value);
+  if (key.upper) return (key.upper->inclusive ? "<= " : "< ") + format_number(key.upper->value);
+  return "";
+}
+
+bool in_range(const Key& key, double v) {
+  if (key.lower && (key.lower->inclusive ? v < key.lower->value : v <= key.lower->value))
+    return false;
+  if (key.upper && (key.upper->inclusive ? v > key.upper->value : v >= key.upper->value))
+    return false;
+  return true;
+}
+
+std::string range_problem(const Key& key, const std::string& text) {
+  const std::string range = describe_range(key);
+  const bool interval = key.lower && key.upper;
+  return "must be " + std::string(interval ? "in " : "") + range + ", got " + text;
+}
+
+// ---- Reading values ----------------------------------------------------------------------------
+
+[[noreturn]] void fail(const std::string& where, const std::string& path,
+                       const std::string& problem) {
+  throw ConfigError(where + ": key '" + path + "': " + problem);
+}
+
+// Where values come from: a YAML file (positions from node marks) or one --set argument.
+struct Origin {
+  std::string source;  // file name, or "--set key=value"
+  bool has_marks;      // false for --set: marks there are positions in the value text only
+
+  std::string at(const YAML::Mark& mark) const {
+    if (!has_marks || mark.is_null()) return source;
+    return source + ":" + std::to_string(mark.line + 1) + ":" + std::to_string(mark.column + 1);
+  }
+};
+
+// yaml-cpp tags quoted scalars "!" and plain ones "?". A quoted "0.1" is a string, not a number.
+bool is_quoted(const YAML::Node& node) { return node.Tag() == "!"; }
+
+std::string describe_node(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Map: return "a map";
+    case YAML::NodeType::Sequence: return "a list";
+    case YAML::NodeType::Scalar:
+      return is_quoted(node) ? "the quoted string \"" + node.Scalar() + "\""
+                             : "'" + node.Scalar() + "'";
+    default: return "no value";
+  }
+}
+
+// Where from_chars should start: it takes a leading '-' but not the '+' YAML numbers may have.
+const char* number_start(const std::string& text) {
+  const bool explicit_plus = text.size() > 1 && text[0] == '+' && text[1] != '-';
+  return text.data() + (explicit_plus ? 1 : 0);
+}
+
+std::optional<int64_t> parse_int(const std::string& text) {
+  const char* first = number_start(text);
+  const char* last = text.data() + text.size();
+  int64_t value = 0;
+  const auto result = std::from_chars(first, last, value);
+  if (result.ec != std::errc() || result.ptr != last || first == last) return std::nullopt;
+  return value;
+}
+
+std::optional<double> parse_float(const std::string& text) {
+  const char* first = number_start(text);
+  const char* last = text.data() + text.size();
+  double value = 0;
+  const auto result = std::from_chars(first, last, value);
+  if (result.ec != std::errc() || result.ptr != last || first == last || !std::isfinite(value))
+    return std::nullopt;
+  return value;
+}
+
+// Numbers and bools must be plain scalars: in YAML a quoted "0.1" is a string.
+bool is_plain(const YAML::Node& node) { return node.IsScalar() && !is_quoted(node); }
+
+// yaml-cpp's spellings: true/false, yes/no, on/off, y/n, in lower, Title or UPPER case.
+std::optional<bool> parse_bool(const YAML::Node& node) {
+  bool value = false;
+  if (!YAML::convert<bool>::decode(node, value)) return std::nullopt;
+  return value;
+}
+
+[[noreturn]] void fail_type(const std::string& where, const std::string& path,
+                            const std::string& expected, const YAML::Node& node) {
+  fail(where, path, "expected " + expected + ", got " + describe_node(node));
+}
+
+// `text` is the value as written, for the message.
+void require_in_range(const Key& key, double number, const std::string& text,
+                      const std::string& where, const std::string& path) {
+  if (!in_range(key, number)) fail(where, path, range_problem(key, text));
+}
+
+// One float: the value of a float key, or one element of a list-of-floats key.
+double read_float(const Key& key, const YAML::Node& node, const std::string& where,
+                  const std::string& path) {
+  const std::optional<double> value = is_plain(node) ? parse_float(node.Scalar()) : std::nullopt;
+  if (!value) fail_type(where, path, "a float", node);
+  require_in_range(key, *value, node.Scalar(), where, path);
+  return *value;
+}
+
+// Converts `node` to the key's type and checks type, range, allowed values and the key's own
+// rule. `where` locates `node`; a null node counts as an empty string or an empty list.
+Value read_value(const Key& key, const YAML::Node& node, const std::string& where,
+                 const Origin& origin) {
+  switch (key.type) {
+    case Type::Int: {
+      const std::optional<int64_t> value = is_plain(node) ? parse_int(node.Scalar()) : std::nullopt;
+      if (!value) fail_type(where, key.path, "an int", node);
+      require_in_range(key, static_cast<double>(*value), node.Scalar(), where, key.path);
+      return *value;
+    }
+    case Type::Float: return read_float(key, node, where, key.path);
+    case Type::Bool: {
+      const std::optional<bool> value = is_plain(node) ? parse_bool(node) : std::nullopt;
+      if (!value) fail_type(where, key.path, "a bool (true or false)", node);
+      return *value;
+    }
+    case Type::String:
+    case Type::Enum: {
+      if (!node.IsScalar() && !node.IsNull()) fail_type(where, key.path, "a string", node);
+      const std::string text = node.IsNull() ? "" : node.Scalar();
+      if (key.type == Type::Enum &&
+          std::find(key.allowed.begin(), key.allowed.end(), text) == key.allowed.end()) {
+        const auto suggestion = closest(text, key.allowed);
+        fail(where, key.path,
+             "must be one of " + join(key.allowed, ", ") + ", got '" + text + "'" +
+                 (suggestion ? did_you_mean(key.allowed[*suggestion]) : ""));
+      }
+      if (key.check) {
+        const std::string problem = key.check(text);
+        if (!problem.empty()) fail(where, key.path, problem);
+      }
+      return text;
+    }
+    case Type::FloatList: {
+      if (node.IsNull()) return std::vector<double>{};
+      if (!node.IsSequence())
+        fail_type(where, key.path, "a list of floats such as [0.5, 0.5]", node);
+      std::vector<double> values;
+      for (size_t i = 0; i < node.size(); ++i) {
+        const YAML::Node element = node[i];
+        values.push_back(read_float(key, element, origin.at(element.Mark()),
+                                    key.path + "[" + std::to_string(i) + "]"));
+      }
+      return values;
+    }
+  }
+  return {};
+}
+
+// ---- Building a Config -------------------------------------------------------------------------
+
+// Applies a YAML document and overrides to a default Config, remembering where each key was set
+// so that the checks that run at the end can point at the offending line.
+class ConfigBuilder {
+ public:
+  explicit ConfigBuilder(std::string source_name) : source_(std::move(source_name)) {
+    config_.source = source_;
+  }
+
+  void apply_document(const std::string& text);
+  void apply_override(const std::string& assignment);
+  Config validated() const;
+
+ private:
+  void assign(const Key& key, const YAML::Node& value, const std::string& where,
+              const Origin& origin) {
+    key.set(config_, read_value(key, value, where, origin));
+    set_at_[key.path] = where;
+  }
+  void apply_section(const std::string& section, const YAML::Node& body, const Origin& origin);
+
+  // Where a key was last set; the file name when it was never set.
+  std::string where_set(const std::string& path) const {
+    const auto it = set_at_.find(path);
+    return it == set_at_.end() ? source_ : it->second;
+  }
+
+  std::string source_;
+  Config config_;
+  std::map<std::string, std::string> set_at_;  // key path -> "FILE:LINE:COL" or "--set ..."
+};
+
+// The name of a map key, which must be a plain scalar; rejects a repeat of an earlier key.
+// yaml-cpp keeps duplicate keys as separate entries, so they can be detected here.
+std::string key_name(const YAML::Node& key, const std::string& parent, const Origin& origin,
+                     std::map<std::string, YAML::Mark>& seen) {
+  const std::string where = origin.at(key.Mark());
+  if (!key.IsScalar()) {
+    const std::string problem = "expected a key name, got " + describe_node(key);
+    if (parent.empty()) throw ConfigError(where + ": " + problem);
+    fail(where, parent, problem);
+  }
+  const std::string name = key.Scalar();
+  const std::string path = parent.empty() ? name : parent + "." + name;
+  const auto [first, inserted] = seen.emplace(name, key.Mark());
+  if (!inserted)
+    fail(where, path,
+         "duplicate key (first given at " + std::to_string(first->second.line + 1) + ":" +
+             std::to_string(first->second.column + 1) + ")");
+  return name;
+}
+
+void ConfigBuilder::apply_document(const std::string& text) {
+  const Origin origin{source_, true};
+  std::vector<YAML::Node> documents;
+  try {
+    documents = YAML::LoadAll(text);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(origin.at(e.mark) + ": invalid YAML: " + e.msg);
+  }
+  if (documents.empty() || (documents.size() == 1 && documents.front().IsNull()))
+    throw ConfigError(source_ +
+                      ": empty config; expected a map of sections such as model:, data:, trainer:");
+  if (documents.size() > 1)
+    throw ConfigError(origin.at(documents[1].Mark()) + ": expected one YAML document, found " +
+                      std::to_string(documents.size()));
+  const YAML::Node& root = documents.front();
+  if (!root.IsMap())
+    throw ConfigError(origin.at(root.Mark()) +
+                      ": expected a map of sections such as model:, data:, trainer:, got " +
+                      describe_node(root));
+
+  std::map<std::string, YAML::Mark> seen;
+  for (const auto& entry : root) {
+    const std::string section = key_name(entry.first, "", origin, seen);
+    if (!is_section(section))
+      fail(origin.at(entry.first.Mark()), section, unknown_section_problem(section));
+    apply_section(section, entry.second, origin);
+  }
+}
+
+void ConfigBuilder::apply_section(const std::string& section, const YAML::Node& body,
+                                  const Origin& origin) {
+  if (body.IsNull()) return;  // `optim:` with every key commented out
+  if (!body.IsMap())
+    fail(origin.at(body.Mark()), section, "expected a map of keys, got " + describe_node(body));
+  std::map<std::string, YAML::Mark> seen;
+  for (const auto& entry : body) {
+    const std::string name = key_name(entry.first, section, origin, seen);
+    const std::string path = section + "." + name;
+    const Key* key = find_key(path);
+    if (!key) fail(origin.at(entry.first.Mark()), path, unknown_key_problem(section, name));
+    // An omitted value (`lr:`) has no useful mark of its own; point at its key instead.
+    const YAML::Node& value = entry.second;
+    const std::string where = origin.at(value.IsNull() ? entry.first.Mark() : value.Mark());
+    assign(*key, value, where, origin);
+  }
+}
+
+std::string trim(const std::string& s) {
+  const size_t first = s.find_first_not_of(" \t");
+  if (first == std::string::npos) return "";
+  return s.substr(first, s.find_last_not_of(" \t") - first + 1);
+}
+
+void ConfigBuilder::apply_override(const std::string& assignment) {
+  const Origin origin{"--set " + assignment, false};
+  const size_t equals = assignment.find('=');
+  if (equals == std::string::npos)
+    throw ConfigError(origin.source + ": expected key=value, e.g. --set optim.lr=0.1");
+  const std::string path = trim(assignment.substr(0, equals));
+  if (path.empty())
+    throw ConfigError(origin.source + ": empty key; expected key=value, e.g. --set optim.lr=0.1");
+  const Key* key = find_key(path);
+  if (!key) fail(origin.source, path, unknown_path_problem(path));
+  YAML::Node value;
+  try {
+    value = YAML::Load(assignment.substr(equals + 1));
+  } catch (const YAML::Exception& e) {
+    fail(origin.source, path, "invalid YAML value: " + e.msg);
+  }
+  assign(*key, value, origin.source, origin);
+}
+
+// Required keys and rules that involve more than one key, checked once everything is applied.
+Config ConfigBuilder::validated() const {
+  for (const Key& key : schema()) {
+    if (!key.required) continue;
+    if (set_at_.count(key.path) == 0)
+      fail(source_, key.path, "required key is missing (" + key.meaning + ")");
+    const Value value = key.get(config_);
+    if (std::holds_alternative<std::string>(value) && std::get<std::string>(value).empty())
+      fail(where_set(key.path), key.path, "must not be empty");
+  }
+
+  const TrainerConfig& trainer = config_.trainer;
+  if (trainer.epochs == 0 && trainer.max_steps == 0) {
+    const bool only_max_steps_given =
+        set_at_.count("trainer.max_steps") && !set_at_.count("trainer.epochs");
+    const std::string path = only_max_steps_given ? "trainer.max_steps" : "trainer.epochs";
+    fail(where_set(path), path, "set trainer.epochs or trainer.max_steps (or both) to a value > 0");
+  }
+
+  const DataConfig& data = config_.data;
+  if (data.mean.size() != data.std.size()) {
+    const std::string path = set_at_.count("data.std") ? "data.std" : "data.mean";
+    fail(where_set(path), path,
+         "data.mean has " + std::to_string(data.mean.size()) + " entries and data.std has " +
+             std::to_string(data.std.size()) + "; they must have the same length");
+  }
+  if (data.kind == "idx" && data.root.empty())
+    fail(where_set("data.root"), "data.root",
+         "required when data.kind is 'idx' (the directory with the dataset files)");
+
+  const std::vector<double>& milestones = config_.schedule.milestones;
+  for (size_t i = 1; i < milestones.size(); ++i)
+    if (milestones[i] <= milestones[i - 1])
+      fail(where_set("schedule.milestones"), "schedule.milestones",
+           "must be strictly increasing, got " + format_number(milestones[i]) + " after " +
+               format_number(milestones[i - 1]));
+
+  const TuningConfig& tuning = config_.tuning;
+  if (tuning.micro_batch > 0 && tuning.micro_batch > trainer.global_batch)
+    fail(where_set("tuning.micro_batch"), "tuning.micro_batch",
+         "is " + std::to_string(tuning.micro_batch) + ", larger than trainer.global_batch (" +
+             std::to_string(trainer.global_batch) + ")");
+  if (tuning.micro_batch > 0 && tuning.max_micro_batch > 0 &&
+      tuning.micro_batch > tuning.max_micro_batch)
+    fail(where_set("tuning.micro_batch"), "tuning.micro_batch",
+         "is " + std::to_string(tuning.micro_batch) + ", larger than tuning.max_micro_batch (" +
+             std::to_string(tuning.max_micro_batch) + ")");
+  return config_;
+}
+
+// ---- Reference ---------------------------------------------------------------------------------
+
+std::string markdown_cell(const std::string& text) {
+  std::string cell;
+  for (const char c : text) {
+    if (c == '|') cell += '\\';
+    cell += c;
+  }
+  return cell;
+}
+
+std::string reference_constraint(const Key& key) {
+  if (key.type == Type::Enum) {
+    std::vector<std::string> quoted;
+    for (const std::string& v : key.allowed) quoted.push_back("`" + v + "`");
+    return join(quoted, ", ");
+  }
+  if (!key.check_summary.empty()) return key.check_summary;
+  const std::string range = describe_range(key);
+  if (range.empty()) return "";
+  return key.type == Type::FloatList ? "each " + range : range;
+}
+
+}  // namespace
+
+Config parse_config(const std::string& yaml_text, const std::string& source_name,
+                    const std::vector<std::string>& overrides) {
+  ConfigBuilder builder(source_name);
+  builder.apply_document(yaml_text);
+  for (const std::string& assignment : overrides) builder.apply_override(assignment);
+  return builder.validated();
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  if (files::is_directory(path))
+    throw ConfigError(path + ": is a directory, expected a YAML config file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError(path + ": cannot open config file (" + std::strerror(errno) + ")");
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw ConfigError(path + ": cannot read config file");
+  return parse_config(text.str(), path, overrides);
+}
+
+std::string to_yaml(const Config& config) {
+  // Trailing comments are aligned per section, but long values do not push them further out.
+  constexpr size_t kMaxAlignedWidth = 40;
+  std::ostringstream out;
+  out << "# train configuration: every key, defaults filled in.\n";
+  if (!config.source.empty()) out << "# Loaded from " << config.source << "\n";
+  for (const SectionInfo& section : kSections) {
+    std::vector<std::pair<std::string, const Key*>> lines;
+    size_t width = 0;
+    for (const Key& key : schema()) {
+      if (key.section != section.name) continue;
+      lines.emplace_back("  " + key.name + ": " + format_value(key.get(config)), &key);
+      width = std::max(width, lines.back().first.size());
+    }
+    width = std::min(width, kMaxAlignedWidth);
+    out << "\n" << section.name << ":  # " << section.meaning << "\n";
+    for (const auto& [line, key] : lines)
+      out << line << std::string(width > line.size() ? width - line.size() : 0, ' ') << "  # "
+          << key->meaning << "\n";
+  }
+  return out.str();
+}
+
+std::string config_reference() {
+  static const Config defaults;
+  std::vector<std::string> required;
+  for (const Key& key : schema())
+    if (key.required) required.push_back("`" + key.path + "`");
+
+  std::ostringstream out;
+  out << "# Configuration reference\n\n"
+      << "Required: " << join(required, ", ")
+      << ", at least one of `trainer.epochs` / `trainer.max_steps` > 0, and `data.root` when "
+      << "`data.kind` is `idx`. "
+      << "Every other key has the default shown. Any key can be overridden on the command line "
+      << "with `--set section.key=value`.\n";
+  for (const SectionInfo& section : kSections) {
+    out << "\n## " << section.name << "\n\n"
+        << section.meaning << "\n\n"
+        << "| key | type | default | allowed / range | meaning |\n"
+        << "|---|---|---|---|---|\n";
+    for (const Key& key : schema()) {
+      if (key.section != section.name) continue;
+      const std::string default_text =
+          key.required ? "required" : "`" + format_value(key.get(defaults)) + "`";
+      out << "| `" << key.path << "` | " << type_name(key.type) << " | "
+          << markdown_cell(default_text) << " | " << markdown_cell(reference_constraint(key))
+          << " | " << markdown_cell(key.meaning) << " |\n";
+    }
+  }
+  return out.str();
+}
+
+}  // namespace train

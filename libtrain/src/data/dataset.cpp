@@ -1,0 +1,228 @@
+// Dataset::collate, the image transforms, the synthetic dataset and the dataset factory.
+#include <train/config.h>
+#include <train/data/dataset.h>
+#include <train/data/factory.h>
+#include <train/data/idx.h>
+#include <train/data/synthetic.h>
+#include <train/data/transforms.h>
+#include <train/errors.h>
+
+#include <cstdint>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace train::data {
+
+// ---- Dataset --------------------------------------------------------------------------------
+
+Batch Dataset::collate(std::vector<Example>&& examples) const {
+  if (examples.empty()) throw std::invalid_argument("Dataset::collate: no examples to collate");
+  std::vector<torch::Tensor> inputs;
+  std::vector<torch::Tensor> targets;
+  inputs.reserve(examples.size());
+  targets.reserve(examples.size());
+  for (Example& example : examples) {
+    inputs.push_back(std::move(example.input));
+    targets.push_back(std::move(example.target));
+  }
+  return Batch{torch::stack(inputs), torch::stack(targets)};
+}
+
+// ---- transforms -----------------------------------------------------------------------------
+
+torch::Tensor pad_crop(const torch::Tensor& image, int64_t padding, int64_t top, int64_t left) {
+  if (image.dim() != 3) throw std::invalid_argument("pad_crop: expected a [C,H,W] image");
+  if (padding < 0 || top < 0 || left < 0 || top > 2 * padding || left > 2 * padding) {
+    throw std::invalid_argument("pad_crop: need 0 <= top, left <= 2 * padding");
+  }
+  const int64_t height = image.size(1);
+  const int64_t width = image.size(2);
+  return torch::constant_pad_nd(image, {padding, padding, padding, padding}, 0)
+      .narrow(1, top, height)
+      .narrow(2, left, width);
+}
+
+torch::Tensor hflip(const torch::Tensor& image) { return image.flip({-1}); }
+
+torch::Tensor normalize(const torch::Tensor& image, const std::vector<double>& mean,
+                        const std::vector<double>& stddev) {
+  const auto channels = static_cast<size_t>(image.size(0));
+  if (mean.size() != channels || stddev.size() != channels) {
+    throw std::invalid_argument("normalize: mean and stddev need one value per channel");
+  }
+  const auto options = torch::TensorOptions().dtype(image.scalar_type());
+  const torch::Tensor mean_t = torch::tensor(mean, options).view({-1, 1, 1});
+  const torch::Tensor std_t = torch::tensor(stddev, options).view({-1, 1, 1});
+  return (image - mean_t) / std_t;
+}
+
+torch::Tensor ImageTransforms::apply(const torch::Tensor& image, uint64_t seed) const {
+  SplitMix64 rng(seed);
+  torch::Tensor out = image;
+  if (random_crop && crop_padding > 0) {
+    const auto positions = static_cast<uint64_t>(2 * crop_padding + 1);
+    const auto top = static_cast<int64_t>(rng.below(positions));
+    const auto left = static_cast<int64_t>(rng.below(positions));
+    out = pad_crop(out, crop_padding, top, left);
+  }
+  if (random_flip && rng.below(2) == 1) out = hflip(out);
+  if (!mean.empty()) out = normalize(out, mean, stddev);
+  return out;
+}
+
+std::string ImageTransforms::describe() const {
+  std::vector<std::string> steps;
+  if (random_crop && crop_padding > 0) {
+    steps.push_back("random_crop(pad " + std::to_string(crop_padding) + ")");
+  }
+  if (random_flip) steps.push_back("random_flip");
+  if (!mean.empty()) steps.push_back("normalize");
+  if (steps.empty()) return "none";
+  std::string joined = steps[0];
+  for (size_t i = 1; i < steps.size(); ++i) joined += ", " + steps[i];
+  return joined;
+}
+
+// ---- synthetic images -----------------------------------------------------------------------
+
+namespace {
+// Fixed so that every split, run and machine sees the same class prototypes, i.e. the same task.
+constexpr uint64_t kPrototypeSeed = 0x5EED0F5EA7C0FFEEull;
+}  // namespace
+
+SyntheticImageDataset::SyntheticImageDataset(SyntheticImageOptions options)
+    : options_(std::move(options)) {
+  if (options_.samples < 0 || options_.channels < 1 || options_.image_size < 1 ||
+      options_.num_classes < 1) {
+    throw std::invalid_argument(
+        "SyntheticImageDataset: need samples >= 0 and channels, image_size, num_classes >= 1");
+  }
+  prototypes_ = torch::empty(
+      {options_.num_classes, options_.channels, options_.image_size, options_.image_size},
+      torch::kFloat);
+  SplitMix64 rng(kPrototypeSeed);
+  float* values = prototypes_.data_ptr<float>();
+  for (int64_t i = 0; i < prototypes_.numel(); ++i) values[i] = (rng.next() >> 63) ? 1.0f : -1.0f;
+}
+
+Example SyntheticImageDataset::get(int64_t index, uint64_t seed) const {
+  if (index < 0 || index >= options_.samples) {
+    throw std::out_of_range("synthetic dataset: index " + std::to_string(index) +
+                            " out of range [0, " + std::to_string(options_.samples) + ")");
+  }
+  const int64_t label = index % options_.num_classes;
+  const int64_t pixels = options_.channels * options_.image_size * options_.image_size;
+  torch::Tensor image =
+      torch::empty({options_.channels, options_.image_size, options_.image_size}, torch::kFloat);
+  float* out = image.data_ptr<float>();
+  const float* prototype = prototypes_.data_ptr<float>() + label * pixels;
+  SplitMix64 noise(mix64(mix64(options_.stream) + static_cast<uint64_t>(index)));
+  for (int64_t i = 0; i < pixels; ++i) {
+    out[i] = 0.5f + 0.2f * prototype[i] + 0.3f * (2.0f * noise.uniform() - 1.0f);
+  }
+  return Example{options_.transforms.apply(image, seed), torch::scalar_tensor(label, torch::kLong)};
+}
+
+std::vector<int64_t> SyntheticImageDataset::input_shape() const {
+  return {options_.channels, options_.image_size, options_.image_size};
+}
+
+std::string SyntheticImageDataset::describe() const {
+  std::ostringstream out;
+  out << "synthetic: " << options_.samples << " images " << options_.channels << "x"
+      << options_.image_size << "x" << options_.image_size << ", " << options_.num_classes
+      << " classes, transforms: " << options_.transforms.describe();
+  return out.str();
+}
+
+// ---- factory --------------------------------------------------------------------------------
+
+namespace {
+
+// Checks the config's transform settings against the images' channel count and builds the
+// pipeline for a split.
+ImageTransforms transforms_for(const DataConfig& config, Split split, int64_t channels) {
+  if (config.mean.size() != config.std.size()) {
+    throw ConfigError("data.mean has " + std::to_string(config.mean.size()) +
+                      " values but data.std has " + std::to_string(config.std.size()));
+  }
+  if (!config.mean.empty() && config.mean.size() != static_cast<size_t>(channels)) {
+    throw ConfigError("data.mean and data.std have " + std::to_string(config.mean.size()) +
+                      " values but the images have " + std::to_string(channels) + " channel(s)");
+  }
+  for (double s : config.std) {
+    if (!(s > 0.0)) throw ConfigError("data.std values must be > 0, got " + std::to_string(s));
+  }
+  if (config.random_crop && config.crop_padding < 0) {
+    throw ConfigError("data.crop_padding must be >= 0, got " + std::to_string(config.crop_padding));
+  }
+
+  ImageTransforms transforms;
+  if (split == Split::Train) {
+    transforms.random_crop = config.random_crop;
+    transforms.crop_padding = config.crop_padding;
+    transforms.random_flip = config.random_flip;
+  }
+  transforms.mean = config.mean;
+  transforms.stddev = config.std;
+  return transforms;
+}
+
+DatasetPtr make_synthetic(const DataConfig& config, Split split) {
+  const int64_t samples =
+      split == Split::Train ? config.synthetic_train_samples : config.synthetic_val_samples;
+  const char* samples_key =
+      split == Split::Train ? "data.synthetic_train_samples" : "data.synthetic_val_samples";
+  if (samples < 1) {
+    throw ConfigError(std::string(samples_key) + " must be >= 1, got " + std::to_string(samples));
+  }
+  if (config.channels < 1) {
+    throw ConfigError("data.channels must be >= 1, got " + std::to_string(config.channels));
+  }
+  if (config.image_size < 0) {
+    throw ConfigError("data.image_size must be >= 0, got " + std::to_string(config.image_size));
+  }
+
+  SyntheticImageOptions options;
+  options.samples = samples;
+  options.channels = config.channels;
+  options.image_size = config.image_size > 0 ? config.image_size : kSyntheticDefaultImageSize;
+  options.num_classes = kSyntheticNumClasses;
+  options.stream = split == Split::Train ? 0 : 1;
+  options.transforms = transforms_for(config, split, config.channels);
+  return std::make_shared<SyntheticImageDataset>(std::move(options));
+}
+
+DatasetPtr make_idx(const DataConfig& config, Split split) {
+  if (config.root.empty()) throw ConfigError("data.root is required when data.kind is idx");
+  // Validate the cheap settings before reading tens of megabytes. IDX images have one channel.
+  ImageTransforms transforms = transforms_for(config, split, 1);
+  const bool train = split == Split::Train;
+  const std::string images =
+      find_data_file(config.root, train ? config.train_images : config.val_images);
+  const std::string labels =
+      find_data_file(config.root, train ? config.train_labels : config.val_labels);
+  auto dataset = std::make_shared<IdxDataset>(images, labels, std::move(transforms));
+
+  const std::vector<int64_t> shape = dataset->input_shape();
+  if (config.image_size != 0 && (shape[1] != config.image_size || shape[2] != config.image_size)) {
+    throw ConfigError("data.image_size is " + std::to_string(config.image_size) + " but " + images +
+                      " holds " + std::to_string(shape[1]) + "x" + std::to_string(shape[2]) +
+                      " images (resizing is not supported)");
+  }
+  return dataset;
+}
+
+}  // namespace
+
+DatasetPtr make_dataset(const DataConfig& config, Split split) {
+  if (config.kind == "synthetic") return make_synthetic(config, split);
+  if (config.kind == "idx") return make_idx(config, split);
+  throw ConfigError("data.kind: unknown kind '" + config.kind + "' (expected idx | synthetic)");
+}
+
+}  // namespace train::data

@@ -1,0 +1,199 @@
+// IDX reader (MNIST / Fashion-MNIST) and IdxDataset.
+#include <train/data/idx.h>
+#include <train/errors.h>
+
+#include <sys/stat.h>
+#include <zlib.h>
+
+#include <cerrno>
+#include <cstring>
+#include <iomanip>
+#include <limits>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace train::data {
+
+namespace {
+
+constexpr uint8_t kUnsignedByteType = 0x08;
+
+struct FileContents {
+  std::vector<uint8_t> bytes;
+  std::string stream_error;  // zlib's message when a gzip stream ended early; empty if clean
+};
+
+// Reads a whole file through zlib, which inflates gzip files and passes any other file through
+// unchanged, so plain and .gz files share one code path.
+FileContents read_file(const std::string& path) {
+  gzFile file = gzopen(path.c_str(), "rb");
+  if (file == nullptr) {
+    throw DataError(path + ": cannot open: " + std::strerror(errno));
+  }
+  const std::unique_ptr<gzFile_s, int (*)(gzFile)> closer(file, &gzclose);
+  gzbuffer(file, 1 << 17);
+
+  FileContents contents;
+  constexpr size_t kChunk = size_t{1} << 20;
+  for (;;) {
+    const size_t filled = contents.bytes.size();
+    contents.bytes.resize(filled + kChunk);
+    const int got = gzread(file, contents.bytes.data() + filled, static_cast<unsigned>(kChunk));
+    if (got < 0) {
+      int code = Z_OK;
+      throw DataError(path + ": cannot read: " + gzerror(file, &code));
+    }
+    contents.bytes.resize(filled + static_cast<size_t>(got));
+    if (got == 0) break;
+  }
+  // A cut-off gzip stream is not an error for gzread (it returns what it could inflate) but
+  // leaves Z_BUF_ERROR behind.
+  int code = Z_OK;
+  const char* message = gzerror(file, &code);
+  if (code != Z_OK) contents.stream_error = message;
+  return contents;
+}
+
+std::string hex32(uint32_t value) {
+  std::ostringstream out;
+  out << "0x" << std::hex << std::setw(8) << std::setfill('0') << value;
+  return out.str();
+}
+
+uint32_t read_be32(const uint8_t* p) {
+  return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | uint32_t{p[3]};
+}
+
+std::string join_dims(const std::vector<int64_t>& dims) {
+  std::string out;
+  for (size_t i = 0; i < dims.size(); ++i) out += (i ? "x" : "") + std::to_string(dims[i]);
+  return out;
+}
+
+// Validates the header of an unsigned-byte IDX file of the given rank against the file's length
+// and returns its dimensions; the payload starts at 4 + 4 * rank.
+std::vector<int64_t> parse_header(const std::string& path, const FileContents& file, uint8_t rank) {
+  const std::vector<uint8_t>& bytes = file.bytes;
+  const std::string found =
+      std::to_string(bytes.size()) + " bytes" +
+      (file.stream_error.empty() ? std::string()
+                                 : " (gzip stream ended early: " + file.stream_error + ")");
+  const size_t header_size = 4 + 4 * size_t{rank};
+  const uint32_t expected_magic = (uint32_t{kUnsignedByteType} << 8) | rank;
+  const char* kind = rank == 3 ? "idx3-ubyte images" : "idx1-ubyte labels";
+
+  if (bytes.size() < 4) {
+    throw DataError(path + ": truncated: expected an IDX header of " + std::to_string(header_size) +
+                    " bytes, found " + found);
+  }
+  const uint32_t magic = read_be32(bytes.data());
+  if (magic != expected_magic) {
+    throw DataError(path + ": bad magic number " + hex32(magic) + ", expected " +
+                    hex32(expected_magic) + " (" + kind + ")");
+  }
+  if (bytes.size() < header_size) {
+    throw DataError(path + ": truncated: expected an IDX header of " + std::to_string(header_size) +
+                    " bytes, found " + found);
+  }
+
+  std::vector<int64_t> dims;
+  uint64_t payload = 1;
+  for (size_t i = 0; i < rank; ++i) {
+    const uint32_t dim = read_be32(bytes.data() + 4 + 4 * i);
+    if (dim == 0) throw DataError(path + ": dimension " + std::to_string(i) + " is 0");
+    if (payload > std::numeric_limits<uint64_t>::max() / dim) {
+      throw DataError(path + ": dimensions too large for any file");
+    }
+    payload *= dim;
+    dims.push_back(dim);
+  }
+  const uint64_t expected = header_size + payload;
+  if (bytes.size() != expected) {
+    throw DataError(path + ": " + (bytes.size() < expected ? "truncated" : "trailing data") +
+                    ": header declares " + join_dims(dims) + " so expected " +
+                    std::to_string(expected) + " bytes, found " + found);
+  }
+  // Complete payload yet a damaged stream (e.g. a cut-off gzip trailer): still not trustworthy.
+  if (!file.stream_error.empty()) {
+    throw DataError(path + ": corrupt gzip stream: " + file.stream_error);
+  }
+  return dims;
+}
+
+}  // namespace
+
+std::string find_data_file(const std::string& dir, const std::string& stem) {
+  // POSIX stat rather than std::filesystem: the torch wheel's libtorch.so exports its own, older
+  // std::filesystem symbols, which interpose libstdc++'s and are not all usable.
+  auto is_regular_file = [](const std::string& path) {
+    struct stat info {};
+    return ::stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode);
+  };
+  const std::string plain = dir.empty() || dir.back() == '/' ? dir + stem : dir + "/" + stem;
+  if (is_regular_file(plain)) return plain;
+  const std::string gzipped = plain + ".gz";
+  if (is_regular_file(gzipped)) return gzipped;
+  throw DataError("data file not found: neither " + plain + " nor " + gzipped + " exists");
+}
+
+torch::Tensor read_idx_images(const std::string& path) {
+  const FileContents file = read_file(path);
+  const std::vector<int64_t> dims = parse_header(path, file, 3);
+  torch::Tensor images = torch::empty({dims[0], 1, dims[1], dims[2]}, torch::kByte);
+  std::memcpy(images.data_ptr<uint8_t>(), file.bytes.data() + 16, images.numel());
+  return images;
+}
+
+torch::Tensor read_idx_labels(const std::string& path, int64_t num_classes) {
+  const FileContents file = read_file(path);
+  const std::vector<int64_t> dims = parse_header(path, file, 1);
+  torch::Tensor labels = torch::empty({dims[0]}, torch::kLong);
+  int64_t* out = labels.data_ptr<int64_t>();
+  const uint8_t* in = file.bytes.data() + 8;
+  for (int64_t i = 0; i < dims[0]; ++i) {
+    if (in[i] >= num_classes) {
+      throw DataError(path + ": label " + std::to_string(in[i]) + " at index " + std::to_string(i) +
+                      " is out of range (expected < " + std::to_string(num_classes) + ")");
+    }
+    out[i] = in[i];
+  }
+  return labels;
+}
+
+IdxDataset::IdxDataset(const std::string& images_file, const std::string& labels_file,
+                       ImageTransforms transforms)
+    : images_file_(images_file),
+      images_(read_idx_images(images_file)),
+      labels_(read_idx_labels(labels_file)),
+      transforms_(std::move(transforms)) {
+  if (images_.size(0) != labels_.size(0)) {
+    throw DataError(labels_file + ": holds " + std::to_string(labels_.size(0)) + " labels but " +
+                    images_file + " holds " + std::to_string(images_.size(0)) + " images");
+  }
+}
+
+Example IdxDataset::get(int64_t index, uint64_t seed) const {
+  if (index < 0 || index >= size()) {
+    throw std::out_of_range(images_file_ + ": index " + std::to_string(index) +
+                            " out of range [0, " + std::to_string(size()) + ")");
+  }
+  torch::Tensor image = images_[index].to(torch::kFloat).div_(255.0);
+  torch::Tensor target = torch::scalar_tensor(labels_.data_ptr<int64_t>()[index], torch::kLong);
+  return Example{transforms_.apply(image, seed), std::move(target)};
+}
+
+std::vector<int64_t> IdxDataset::input_shape() const {
+  return {images_.size(1), images_.size(2), images_.size(3)};
+}
+
+std::string IdxDataset::describe() const {
+  return "idx: " + images_file_ + ": " + std::to_string(size()) + " images " +
+         join_dims(input_shape()) + ", " + std::to_string(kIdxNumClasses) +
+         " classes, transforms: " + transforms_.describe();
+}
+
+}  // namespace train::data

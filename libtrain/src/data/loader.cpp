@@ -1,0 +1,293 @@
+// Loader: sampler order (shuffle + distributed sharding), batching, and the worker threads.
+//
+// Concurrency scheme. The batches of an epoch are numbered; worker w builds batches
+// first + w, first + w + workers, ... (round-robin from the start position) and stores each one
+// in slot (batch % capacity) of a ring of capacity = workers * prefetch. A worker may only start
+// batch b once b < next + capacity, where `next` is the next batch the caller will receive, so
+// at most `capacity` batches are in flight and slots never collide. next() waits for its slot,
+// takes the batch and frees the slot. The worker owning batch `next` has already finished its
+// earlier (smaller) batches, so it is never blocked by capacity: no deadlock.
+#include <train/data/loader.h>
+#include <train/data/transforms.h>
+#include <train/errors.h>
+
+#include <c10/util/Exception.h>
+#include <torch/cuda.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace train::data {
+
+uint64_t sample_seed(uint64_t seed, int64_t epoch, int64_t index) {
+  return mix64(mix64(mix64(seed) + static_cast<uint64_t>(epoch)) + static_cast<uint64_t>(index));
+}
+
+namespace {
+
+// Salt so that the shuffle stream differs from every per-sample stream of the same run.
+constexpr uint64_t kShuffleSalt = 0x53485546464C45ull;  // "SHUFFLE"
+
+// Samples per rank: DistributedSampler pads the dataset up to a multiple of world_size, or
+// truncates it to one when drop_last.
+int64_t shard_size(int64_t dataset_size, const LoaderOptions& options) {
+  const int64_t world = options.world_size;
+  return options.drop_last ? dataset_size / world : (dataset_size + world - 1) / world;
+}
+
+// This rank's sample indices for one epoch, in delivery order: a seeded Fisher-Yates
+// permutation (or identity), then DistributedSampler's sharding: pad by repeating from the start
+// up to a multiple of world_size (or truncate when drop_last), and take every world_size-th
+// index starting at rank.
+std::vector<int64_t> epoch_order(int64_t dataset_size, const LoaderOptions& options,
+                                 int64_t epoch) {
+  std::vector<int64_t> order(static_cast<size_t>(dataset_size));
+  std::iota(order.begin(), order.end(), int64_t{0});
+  if (options.shuffle) {
+    SplitMix64 rng(mix64(mix64(options.seed ^ kShuffleSalt) + static_cast<uint64_t>(epoch)));
+    for (size_t i = order.size(); i > 1; --i) {
+      std::swap(order[i - 1], order[rng.below(i)]);
+    }
+  }
+  const int64_t total = shard_size(dataset_size, options) * options.world_size;
+  std::vector<int64_t> shard;
+  shard.reserve(static_cast<size_t>(shard_size(dataset_size, options)));
+  for (int64_t i = options.rank; i < total; i += options.world_size) {
+    shard.push_back(order[static_cast<size_t>(i % dataset_size)]);
+  }
+  return shard;
+}
+
+void validate(const LoaderOptions& options) {
+  auto require = [](bool ok, const std::string& message) {
+    if (!ok) throw Error("Loader: " + message, kExitInvalid);
+  };
+  require(options.batch_size >= 1, "batch_size must be >= 1");
+  require(options.workers >= 0, "workers must be >= 0");
+  require(options.prefetch >= 1, "prefetch must be >= 1");
+  require(options.world_size >= 1, "world_size must be >= 1");
+  require(options.rank >= 0 && options.rank < options.world_size,
+          "rank must be in [0, world_size)");
+}
+
+// Rethrows the exception in flight with `context` (the sample or batch) prefixed to its message.
+// train::Error types are kept, with their exit codes; anything else becomes a DataError with the
+// runtime exit code, as data that cannot be read mid-run is a runtime failure.
+[[noreturn]] void rethrow_with_context(const std::string& context) {
+  try {
+    throw;
+  } catch (const DataError& e) {
+    throw DataError(context + ": " + e.what(), e.exit_code());
+  } catch (const ConfigError& e) {
+    throw ConfigError(context + ": " + e.what());
+  } catch (const CheckpointError& e) {
+    throw CheckpointError(context + ": " + e.what());
+  } catch (const UsageError& e) {
+    throw UsageError(context + ": " + e.what());
+  } catch (const Error& e) {
+    throw Error(context + ": " + e.what(), e.exit_code());
+  } catch (const c10::Error& e) {
+    throw DataError(context + ": " + e.what_without_backtrace(), kExitRuntime);
+  } catch (const std::exception& e) {
+    throw DataError(context + ": " + e.what(), kExitRuntime);
+  } catch (...) {
+    throw DataError(context + ": unknown exception", kExitRuntime);
+  }
+}
+
+// A batch slot of the ring: empty, a batch, or the error raised while building it.
+struct Slot {
+  std::optional<Batch> batch;
+  std::exception_ptr error;
+  bool ready() const { return batch.has_value() || error != nullptr; }
+};
+
+}  // namespace
+
+struct Loader::Impl {
+  DatasetPtr dataset;
+  LoaderOptions options;
+  bool pin_memory = false;  // options.pin_memory and a CUDA device is present
+
+  // Epoch plan: fixed while workers run (they only read it).
+  int64_t epoch = 0;
+  std::vector<int64_t> order;  // this rank's sample indices for the epoch
+  int64_t num_batches = 0;
+  bool started = false;
+
+  // Delivery state, guarded by `mutex`.
+  std::mutex mutex;
+  std::condition_variable slot_filled;  // a worker stored a batch: wakes next()
+  std::condition_variable slot_freed;   // next() took a batch, or stopping: wakes workers
+  int64_t next_batch = 0;
+  std::vector<Slot> slots;
+  bool stopping = false;
+
+  std::vector<std::thread> threads;
+  double wait_seconds = 0.0;
+
+  int64_t capacity() const { return options.workers * options.prefetch; }
+
+  int64_t batch_count(int64_t samples) const {
+    return options.drop_last ? samples / options.batch_size
+                             : (samples + options.batch_size - 1) / options.batch_size;
+  }
+
+  // Loads and collates batch `b` of the current epoch. Errors carry the sample or batch index.
+  Batch load_batch(int64_t b) const {
+    const auto begin = static_cast<size_t>(b * options.batch_size);
+    const size_t end = std::min(order.size(), begin + static_cast<size_t>(options.batch_size));
+    std::vector<Example> examples;
+    examples.reserve(end - begin);
+    for (size_t i = begin; i < end; ++i) {
+      const int64_t index = order[i];
+      try {
+        examples.push_back(dataset->get(index, sample_seed(options.seed, epoch, index)));
+      } catch (...) {
+        rethrow_with_context("loading sample " + std::to_string(index) + " (batch " +
+                             std::to_string(b) + " of epoch " + std::to_string(epoch) + ")");
+      }
+    }
+    try {
+      Batch batch = dataset->collate(std::move(examples));
+      if (pin_memory) {
+        batch.input = batch.input.pin_memory();
+        batch.target = batch.target.pin_memory();
+      }
+      return batch;
+    } catch (...) {
+      rethrow_with_context("collating batch " + std::to_string(b) + " of epoch " +
+                           std::to_string(epoch));
+    }
+  }
+
+  void worker_loop(int64_t first) {
+    for (int64_t b = first; b < num_batches; b += options.workers) {
+      {
+        std::unique_lock<std::mutex> lock(mutex);
+        slot_freed.wait(lock, [&] { return stopping || b < next_batch + capacity(); });
+        if (stopping) return;
+      }
+      Slot result;
+      try {
+        result.batch = load_batch(b);
+      } catch (...) {
+        result.error = std::current_exception();
+      }
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (stopping) return;
+        slots[static_cast<size_t>(b % capacity())] = std::move(result);
+      }
+      slot_filled.notify_one();
+    }
+  }
+
+  // Joins the workers; those waiting for a free slot are woken, those inside get() finish it.
+  void stop_workers() {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      stopping = true;
+    }
+    slot_freed.notify_all();
+    for (std::thread& thread : threads) thread.join();
+    threads.clear();
+    stopping = false;
+  }
+
+  void start(LoaderPosition position) {
+    stop_workers();
+    if (position.epoch != epoch || !started) {  // a resume within the epoch keeps its order
+      order = epoch_order(dataset->size(), options, position.epoch);
+      epoch = position.epoch;
+    }
+    started = true;
+    next_batch = position.batch;
+    if (options.workers == 0) return;
+    slots.assign(static_cast<size_t>(capacity()), Slot{});
+    for (int64_t w = 0; w < options.workers && next_batch + w < num_batches; ++w) {
+      threads.emplace_back(&Impl::worker_loop, this, next_batch + w);
+    }
+  }
+
+  std::optional<Batch> next() {
+    if (!started) start(LoaderPosition{});  // next() without start() reads epoch 0 from its start
+    if (next_batch >= num_batches) return std::nullopt;
+    if (options.workers == 0) {
+      Batch batch = load_batch(next_batch);
+      ++next_batch;
+      return batch;
+    }
+    Slot& slot = slots[static_cast<size_t>(next_batch % capacity())];
+    std::optional<Batch> batch;
+    {
+      std::unique_lock<std::mutex> lock(mutex);
+      slot_filled.wait(lock, [&] { return slot.ready(); });
+      // The error stays in its slot: calling next() again reports it again instead of skipping.
+      if (slot.error) std::rethrow_exception(slot.error);
+      batch = std::move(slot.batch);
+      slot.batch.reset();
+      ++next_batch;
+    }
+    slot_freed.notify_all();
+    return batch;
+  }
+};
+
+Loader::Loader(DatasetPtr dataset, LoaderOptions options) : impl_(std::make_unique<Impl>()) {
+  if (!dataset) throw Error("Loader: no dataset", kExitInvalid);
+  validate(options);
+  impl_->dataset = std::move(dataset);
+  impl_->options = options;
+  impl_->pin_memory = options.pin_memory && torch::cuda::is_available();
+  impl_->num_batches = impl_->batch_count(samples_per_epoch());
+}
+
+Loader::~Loader() { impl_->stop_workers(); }
+
+void Loader::start(LoaderPosition position) {
+  if (position.epoch < 0 || position.batch < 0 || position.batch > impl_->num_batches) {
+    throw Error("Loader: cannot start at epoch " + std::to_string(position.epoch) + " batch " +
+                    std::to_string(position.batch) + " (an epoch has " +
+                    std::to_string(impl_->num_batches) + " batches)",
+                kExitInvalid);
+  }
+  impl_->start(position);
+}
+
+std::optional<Batch> Loader::next() {
+  const auto began = std::chrono::steady_clock::now();
+  // Counted even when next() throws, so that the total stays honest.
+  struct AddElapsed {
+    double& total;
+    std::chrono::steady_clock::time_point began;
+    ~AddElapsed() {
+      total += std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+    }
+  } add_elapsed{impl_->wait_seconds, began};
+  return impl_->next();
+}
+
+LoaderPosition Loader::position() const { return LoaderPosition{impl_->epoch, impl_->next_batch}; }
+
+int64_t Loader::batches_per_epoch() const { return impl_->num_batches; }
+
+int64_t Loader::samples_per_epoch() const {
+  return shard_size(impl_->dataset->size(), impl_->options);
+}
+
+double Loader::wait_seconds() const { return impl_->wait_seconds; }
+
+const Dataset& Loader::dataset() const { return *impl_->dataset; }
+
+const LoaderOptions& Loader::options() const { return impl_->options; }
+
+}  // namespace train::data

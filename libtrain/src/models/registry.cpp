@@ -1,0 +1,138 @@
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "train/config.h"
+#include "train/errors.h"
+#include "train/models/model.h"
+#include "train/models/resnet.h"
+
+namespace train::models {
+namespace {
+
+struct Entry {
+  ModelBuilder builder;
+  std::string summary;  // one line for listings
+};
+
+// Name -> entry, sorted by name so listings and error messages are stable. Built-ins are added
+// by the constructor.
+struct Registry {
+  Registry() {
+    entries["resnet18"] = {[](const ModelConfig& c) { return make_resnet(18, c); },
+                           "ResNet-18 (torchvision layout, BasicBlock x [2, 2, 2, 2])"};
+    entries["resnet34"] = {[](const ModelConfig& c) { return make_resnet(34, c); },
+                           "ResNet-34 (torchvision layout, BasicBlock x [3, 4, 6, 3])"};
+    entries["resnet50"] = {[](const ModelConfig& c) { return make_resnet(50, c); },
+                           "ResNet-50 v1.5 (torchvision layout, Bottleneck x [3, 4, 6, 3])"};
+  }
+
+  std::mutex mutex;
+  std::map<std::string, Entry> entries;
+};
+
+// Created on first use; C++11 guarantees this runs exactly once even with concurrent first
+// calls, and it sidesteps static-initialisation order across translation units.
+Registry& registry() {
+  static Registry instance;
+  return instance;
+}
+
+size_t levenshtein(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  std::iota(prev.begin(), prev.end(), size_t{0});
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t substitute = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, substitute});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+// The closest known name, if it is close enough to be a plausible typo (at most 2 edits, or a
+// third of the name for long names); empty otherwise.
+std::string closest_name(const std::string& name, const std::vector<std::string>& known) {
+  const size_t limit = std::max<size_t>(2, name.size() / 3);
+  std::string best;
+  size_t best_distance = limit + 1;
+  for (const auto& candidate : known) {
+    const size_t d = levenshtein(name, candidate);
+    if (d < best_distance) {
+      best = candidate;
+      best_distance = d;
+    }
+  }
+  return best;
+}
+
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& item : items) out += (out.empty() ? "" : ", ") + item;
+  return out;
+}
+
+}  // namespace
+
+// A later registration under an existing name replaces the earlier one, so users can override a
+// built-in.
+void register_model(const std::string& name, ModelBuilder builder, const std::string& summary) {
+  if (name.empty()) throw std::invalid_argument("register_model: empty model name");
+  if (!builder) throw std::invalid_argument("register_model: empty builder for '" + name + "'");
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.entries[name] = {std::move(builder), summary};
+}
+
+ModelPtr make_model(const ModelConfig& config) {
+  ModelBuilder builder;
+  {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    const auto it = r.entries.find(config.name);
+    if (it != r.entries.end()) builder = it->second.builder;
+  }
+  if (!builder) {
+    const std::vector<std::string> known = model_names();
+    const std::string suggestion = closest_name(config.name, known);
+    std::string message = "key 'model.name': unknown model '" + config.name + "'; ";
+    if (!suggestion.empty()) message += "did you mean '" + suggestion + "'? ";
+    throw ConfigError(message + "known: " + join(known));
+  }
+  // Built outside the lock: building can be slow, and a builder may itself use the registry.
+  ModelPtr model = builder(config);
+  if (!model) throw Error("model builder for '" + config.name + "' returned no model");
+  return model;
+}
+
+std::vector<std::string> model_names() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  std::vector<std::string> names;
+  names.reserve(r.entries.size());
+  for (const auto& entry : r.entries) names.push_back(entry.first);
+  return names;
+}
+
+bool has_model(const std::string& name) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return r.entries.count(name) > 0;
+}
+
+int64_t count_parameters(const torch::nn::Module& module) {
+  int64_t total = 0;
+  for (const auto& parameter : module.parameters(/*recurse=*/true)) total += parameter.numel();
+  return total;
+}
+
+}  // namespace train::models

@@ -1,0 +1,194 @@
+#include "train/plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "train/errors.h"
+#include "train/metrics.h"
+
+namespace train {
+namespace {
+
+std::string num(double v) {
+  std::ostringstream out;
+  out << v;
+  return out.str();
+}
+
+// Largest divisor of n that is <= cap.
+int64_t largest_divisor_at_most(int64_t n, int64_t cap) {
+  for (int64_t d = std::min(n, cap); d >= 1; --d) {
+    if (n % d == 0) return d;
+  }
+  return 1;
+}
+
+}  // namespace
+
+Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInputs& inputs) {
+  Plan plan;
+  plan.device = device;
+  plan.world_size = inputs.world_size;
+  plan.rank = inputs.rank;
+  plan.model_params = inputs.model_params;
+  plan.global_batch = config.trainer.global_batch;
+  auto decide = [&plan](const std::string& name, const std::string& value, const std::string& reason) {
+    plan.decisions.push_back({name, value, reason});
+  };
+  decide("device", device.device_string(), device.summary());
+
+  // ---- batch arithmetic: global = micro x accum x world ----
+  if (plan.global_batch % plan.world_size != 0) {
+    throw ConfigError("key 'trainer.global_batch': " + std::to_string(plan.global_batch) +
+                      " is not divisible by the world size " + std::to_string(plan.world_size) +
+                      "; choose a multiple of " + std::to_string(plan.world_size));
+  }
+  const int64_t per_rank = plan.global_batch / plan.world_size;
+  std::string micro_reason;
+  if (config.tuning.micro_batch > 0) {
+    plan.micro_batch = config.tuning.micro_batch;
+    if (per_rank % plan.micro_batch != 0) {
+      throw ConfigError("key 'tuning.micro_batch': " + std::to_string(plan.micro_batch) +
+                        " does not divide the per-rank batch " + std::to_string(per_rank) +
+                        " (trainer.global_batch " + std::to_string(plan.global_batch) + " / world " +
+                        std::to_string(plan.world_size) + "), so the global batch would not be exact");
+    }
+    micro_reason = "set by tuning.micro_batch";
+  } else if (config.tuning.max_micro_batch > 0 && per_rank > config.tuning.max_micro_batch) {
+    plan.micro_batch = largest_divisor_at_most(per_rank, config.tuning.max_micro_batch);
+    micro_reason = "largest divisor of the per-rank batch " + std::to_string(per_rank) +
+                   " within tuning.max_micro_batch " + std::to_string(config.tuning.max_micro_batch);
+  } else {
+    plan.micro_batch = per_rank;
+    micro_reason = "whole per-rank batch in one pass (global " + std::to_string(plan.global_batch) +
+                   " / world " + std::to_string(plan.world_size) + ")";
+  }
+  plan.accum_steps = per_rank / plan.micro_batch;
+  decide("micro_batch", std::to_string(plan.micro_batch), micro_reason);
+  decide("accum_steps", std::to_string(plan.accum_steps),
+         std::to_string(plan.micro_batch) + " x " + std::to_string(plan.accum_steps) + " x world " +
+             std::to_string(plan.world_size) + " = global " + std::to_string(plan.global_batch));
+
+  // ---- learning rate (fixed batch: the config's LR is used as is) ----
+  plan.lr = config.optim.lr;
+  decide("lr", num(plan.lr), "optim.lr; the global batch is fixed, so no scaling");
+
+  // ---- precision ----
+  plan.precision = "fp32";
+  plan.tf32 = device.is_cuda() && device.tf32;
+  decide("precision", plan.tf32 ? "fp32 + TF32" : "fp32",
+         device.is_cuda() ? (plan.tf32 ? "compute capability " + std::to_string(device.cc_major) + "." +
+                                             std::to_string(device.cc_minor) + " has TF32 tensor cores"
+                                       : "no TF32 below compute capability 8.0")
+                          : "CPU: fp32");
+
+  // ---- cuDNN / memory format ----
+  plan.cudnn_benchmark = device.is_cuda() && inputs.static_shapes;
+  decide("cudnn_benchmark", plan.cudnn_benchmark ? "on" : "off",
+         !device.is_cuda() ? "CPU run" : inputs.static_shapes ? "input shapes are static" : "input shapes vary");
+  plan.channels_last = false;
+  decide("channels_last", "off",
+         inputs.convolutional ? "contiguous (NCHW) layout; channels_last needs mixed precision to pay off"
+                              : "not a convolutional model");
+
+  // ---- CPU threads ----
+  plan.threads = config.trainer.threads > 0 ? config.trainer.threads : device.cpu_cores;
+  decide("threads", std::to_string(plan.threads),
+         config.trainer.threads > 0 ? "trainer.threads"
+                                    : std::to_string(device.cpu_cores) + " cores available to this process");
+
+  // ---- loader ----
+  plan.pin_memory = device.is_cuda();
+  plan.prefetch = config.data.prefetch;
+  if (config.data.workers >= 0) {
+    plan.workers = config.data.workers;
+    decide("workers", std::to_string(plan.workers), "data.workers");
+  } else if (device.is_cuda()) {
+    const int per_gpu = device.cpu_cores / std::max<int64_t>(1, std::min<int64_t>(device.visible_gpus, plan.world_size));
+    plan.workers = std::clamp<int64_t>(per_gpu - 1, 1, 8);
+    decide("workers", std::to_string(plan.workers), "cores per GPU minus one for the training thread, at most 8");
+  } else {
+    plan.workers = 1;
+    decide("workers", "1", "CPU training uses the cores for compute; one worker prefetches the next batch");
+  }
+  decide("pin_memory", plan.pin_memory ? "on" : "off",
+         plan.pin_memory ? "page-locked buffers for asynchronous host-to-device copies" : "no GPU");
+  return plan;
+}
+
+void finalize_schedule(Plan& plan, const Config& config, int64_t train_samples) {
+  const int64_t samples_per_rank = train_samples / plan.world_size;
+  plan.steps_per_epoch = samples_per_rank / (plan.micro_batch * plan.accum_steps);
+  if (plan.steps_per_epoch <= 0) {
+    throw ConfigError("key 'trainer.global_batch': " + std::to_string(plan.global_batch) +
+                      " is larger than the training set (" + std::to_string(train_samples) + " samples)");
+  }
+  const int64_t from_epochs = config.trainer.epochs * plan.steps_per_epoch;
+  if (config.trainer.max_steps > 0 && (from_epochs == 0 || config.trainer.max_steps < from_epochs)) {
+    plan.total_steps = config.trainer.max_steps;
+  } else {
+    plan.total_steps = from_epochs;
+  }
+  plan.warmup_steps = config.schedule.warmup_steps +
+                      static_cast<int64_t>(std::llround(config.schedule.warmup_epochs * plan.steps_per_epoch));
+  plan.warmup_steps = std::min(plan.warmup_steps, plan.total_steps);
+  plan.decisions.push_back({"total_steps", std::to_string(plan.total_steps),
+                            std::to_string(plan.steps_per_epoch) + " steps/epoch over " +
+                                std::to_string(train_samples) + " samples" +
+                                (plan.total_steps == config.trainer.max_steps ? "; capped by trainer.max_steps"
+                                                                              : "; trainer.epochs " +
+                                                                                    std::to_string(config.trainer.epochs))});
+  plan.decisions.push_back({"warmup_steps", std::to_string(plan.warmup_steps),
+                            "schedule.warmup_steps + warmup_epochs x steps/epoch"});
+}
+
+std::string Plan::to_text() const {
+  size_t name_w = 0, value_w = 0;
+  for (const auto& d : decisions) {
+    name_w = std::max(name_w, d.name.size());
+    value_w = std::max(value_w, d.value.size());
+  }
+  std::ostringstream out;
+  out << "plan:\n";
+  for (const auto& d : decisions) {
+    out << "  " << d.name << std::string(name_w - d.name.size() + 2, ' ') << d.value
+        << std::string(value_w - d.value.size() + 2, ' ') << d.reason << '\n';
+  }
+  return out.str();
+}
+
+std::string Plan::to_json() const {
+  MetricRecord r;
+  r.add("device", device.device_string())
+      .add("device_name", device.name)
+      .add("micro_batch", micro_batch)
+      .add("accum_steps", accum_steps)
+      .add("global_batch", global_batch)
+      .add("world_size", world_size)
+      .add("lr", lr)
+      .add("warmup_steps", warmup_steps)
+      .add("steps_per_epoch", steps_per_epoch)
+      .add("total_steps", total_steps)
+      .add("precision", precision)
+      .add("tf32", tf32)
+      .add("channels_last", channels_last)
+      .add("cudnn_benchmark", cudnn_benchmark)
+      .add("threads", threads)
+      .add("workers", workers)
+      .add("prefetch", prefetch)
+      .add("pin_memory", pin_memory)
+      .add("model_params", model_params)
+      .add("torch_version", device.torch_version);
+  std::string json = r.to_json();
+  // Append the decisions with their reasons.
+  json.pop_back();
+  json += ",\"decisions\":[";
+  for (size_t i = 0; i < decisions.size(); ++i) {
+    json += (i ? "," : "") + std::string("{\"name\":") + json_quote(decisions[i].name) +
+            ",\"value\":" + json_quote(decisions[i].value) + ",\"reason\":" + json_quote(decisions[i].reason) + "}";
+  }
+  return json + "]}";
+}
+
+}  // namespace train

@@ -1,0 +1,492 @@
+// Config schema: parsing, validation messages (file:line:col + key path), overrides, to_yaml
+// round-trips and the generated reference.
+#include "testing.h"
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <unistd.h>
+#include <tuple>
+#include <vector>
+
+#include "train/config.h"
+#include "train/errors.h"
+#include "train/files.h"
+
+using Catch::Matchers::Contains;
+using train::Config;
+using train::ConfigError;
+using train::parse_config;
+
+namespace {
+
+// The required keys, one section per line. Tests put the YAML under test above this so that
+// its line numbers are easy to read off.
+const std::string kRequired =
+    "model: {name: resnet18}\n"
+    "data: {root: /data/mnist}\n"
+    "trainer: {global_batch: 128, epochs: 2}\n";
+// The required keys outside the trainer / data section, for tests of that section: the trainer
+// section under test follows kModelAndData, the data section precedes kModelAndTrainer.
+const std::string kModelAndData = "model: {name: m}\ndata: {root: /d}\n";
+const std::string kModelAndTrainer = "model: {name: m}\ntrainer: {global_batch: 1, epochs: 1}\n";
+
+// The message of the ConfigError that parsing `yaml` (as "test.yaml") throws.
+std::string config_error(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
+  try {
+    parse_config(yaml, "test.yaml", overrides);
+  } catch (const ConfigError& e) {
+    CHECK(e.exit_code() == train::kExitInvalid);
+    return e.what();
+  }
+  FAIL("expected a ConfigError for:\n" << yaml);
+  return "";
+}
+
+// Every field of every section, for whole-config comparisons.
+auto fields(const train::ModelConfig& m) {
+  return std::tie(m.name, m.num_classes, m.in_channels, m.width, m.small_input, m.init_from);
+}
+auto fields(const train::DataConfig& d) {
+  return std::tie(d.kind, d.root, d.train_images, d.train_labels, d.val_images, d.val_labels,
+                  d.image_size, d.channels, d.synthetic_train_samples, d.synthetic_val_samples,
+                  d.mean, d.std, d.random_crop, d.crop_padding, d.random_flip, d.shuffle,
+                  d.drop_last, d.workers, d.prefetch);
+}
+auto fields(const train::OptimConfig& o) {
+  return std::tie(o.name, o.lr, o.momentum, o.nesterov, o.weight_decay, o.beta1, o.beta2, o.eps,
+                  o.decay_norm_and_bias, o.clip_grad_norm);
+}
+auto fields(const train::ScheduleConfig& s) {
+  return std::tie(s.name, s.warmup_steps, s.warmup_epochs, s.min_lr_ratio, s.milestones, s.gamma);
+}
+auto fields(const train::LossConfig& l) { return std::tie(l.label_smoothing); }
+auto fields(const train::TrainerConfig& t) {
+  return std::tie(t.epochs, t.max_steps, t.global_batch, t.eval_every_steps, t.eval_batch, t.seed,
+                  t.device, t.threads);
+}
+auto fields(const train::TuningConfig& t) { return std::tie(t.micro_batch, t.max_micro_batch); }
+auto fields(const train::CheckpointConfig& c) { return std::tie(c.every_steps, c.keep_last); }
+auto fields(const train::LoggingConfig& l) { return std::tie(l.every_steps, l.level, l.jsonl); }
+
+void check_same(const Config& a, const Config& b) {
+  CHECK(fields(a.model) == fields(b.model));
+  CHECK(fields(a.data) == fields(b.data));
+  CHECK(fields(a.optim) == fields(b.optim));
+  CHECK(fields(a.schedule) == fields(b.schedule));
+  CHECK(fields(a.loss) == fields(b.loss));
+  CHECK(fields(a.trainer) == fields(b.trainer));
+  CHECK(fields(a.tuning) == fields(b.tuning));
+  CHECK(fields(a.checkpoint) == fields(b.checkpoint));
+  CHECK(fields(a.logging) == fields(b.logging));
+}
+
+// A valid config in which every field differs from its default, with awkward floats and
+// strings that need quoting in YAML.
+Config unusual_config() {
+  Config c;
+  c.model.name = "resnet50";
+  c.model.num_classes = 1000;
+  c.model.in_channels = 1;
+  c.model.width = 0.5;
+  c.model.small_input = true;
+  c.model.init_from = "null";  // a string, so it must be quoted
+  c.data.kind = "idx";
+  c.data.root = "/data/with: colon # and hash";
+  c.data.train_images = "";
+  c.data.train_labels = "it's \"quoted\"";
+  c.data.val_images = "  leading space";
+  c.data.val_labels = "two\nlines";
+  c.data.image_size = 32;
+  c.data.channels = 3;
+  c.data.synthetic_train_samples = 7;
+  c.data.synthetic_val_samples = 5;
+  c.data.mean = {0.1 + 0.2, 1.0 / 3.0, 0.0};
+  c.data.std = {1e-8, 2.5, 1e300};
+  c.data.random_crop = true;
+  c.data.crop_padding = 4;
+  c.data.random_flip = true;
+  c.data.shuffle = false;
+  c.data.drop_last = false;
+  c.data.workers = 3;
+  c.data.prefetch = 1;
+  c.optim.name = "adamw";
+  c.optim.lr = 0.1 + 0.2;  // 0.30000000000000004
+  c.optim.momentum = 0.1;
+  c.optim.nesterov = true;
+  c.optim.weight_decay = 5e-4;
+  c.optim.beta1 = 0.85;
+  c.optim.beta2 = 0.98;
+  c.optim.eps = 3e-9;
+  c.optim.decay_norm_and_bias = true;
+  c.optim.clip_grad_norm = 1.0;
+  c.schedule.name = "step";
+  c.schedule.warmup_steps = 100;
+  c.schedule.warmup_epochs = 1.5;
+  c.schedule.min_lr_ratio = 0.01;
+  c.schedule.milestones = {0.5, 0.75};
+  c.schedule.gamma = 0.2;
+  c.loss.label_smoothing = 0.1;
+  c.trainer.epochs = 3;
+  c.trainer.max_steps = 1000;
+  c.trainer.global_batch = 256;
+  c.trainer.eval_every_steps = 25;
+  c.trainer.eval_batch = 512;
+  c.trainer.seed = 42;
+  c.trainer.device = "cuda:1";
+  c.trainer.threads = 4;
+  c.tuning.micro_batch = 64;
+  c.tuning.max_micro_batch = 128;
+  c.checkpoint.every_steps = 500;
+  c.checkpoint.keep_last = 3;
+  c.logging.every_steps = 10;
+  c.logging.level = "debug";
+  c.logging.jsonl = false;
+  return c;
+}
+
+std::string temp_path(const std::string& name) {
+  return train::files::join("/tmp", name + "_" + std::to_string(::getpid()));
+}
+
+}  // namespace
+
+TEST_CASE("a full config parses into typed fields", "[config]") {
+  const Config c = parse_config(R"(# a full config
+model:
+  name: resnet18
+  num_classes: 100
+  width: 0.5
+  small_input: yes
+data:
+  kind: synthetic
+  image_size: 32
+  channels: 3
+  mean: [0.5, 0.25, 0.125]
+  std:
+    - 0.5
+    - 0.5
+    - 0.5
+  random_flip: true
+optim:
+  name: adamw
+  lr: 3e-4
+  weight_decay: 0.05
+schedule:
+  name: step
+  milestones: [0.5, 0.75]
+loss:
+  label_smoothing: 0.1
+trainer:
+  global_batch: 256
+  max_steps: 500
+  device: cuda:0
+  seed: 7
+tuning:
+  micro_batch: 64
+checkpoint:
+  every_steps: 100
+logging:
+  level: debug
+  jsonl: false
+)",
+                                "full.yaml");
+  CHECK(c.source == "full.yaml");
+  CHECK(c.model.name == "resnet18");
+  CHECK(c.model.num_classes == 100);
+  CHECK(c.model.width == 0.5);
+  CHECK(c.model.small_input);
+  CHECK(c.data.kind == "synthetic");
+  CHECK(c.data.image_size == 32);
+  CHECK(c.data.mean == std::vector<double>{0.5, 0.25, 0.125});
+  CHECK(c.data.std == std::vector<double>{0.5, 0.5, 0.5});
+  CHECK(c.data.random_flip);
+  CHECK(c.optim.name == "adamw");
+  CHECK(c.optim.lr == 3e-4);
+  CHECK(c.optim.weight_decay == 0.05);
+  CHECK(c.schedule.name == "step");
+  CHECK(c.schedule.milestones == std::vector<double>{0.5, 0.75});
+  CHECK(c.loss.label_smoothing == 0.1);
+  CHECK(c.trainer.global_batch == 256);
+  CHECK(c.trainer.max_steps == 500);
+  CHECK(c.trainer.epochs == 0);
+  CHECK(c.trainer.device == "cuda:0");
+  CHECK(c.trainer.seed == 7);
+  CHECK(c.tuning.micro_batch == 64);
+  CHECK(c.checkpoint.every_steps == 100);
+  CHECK(c.logging.level == "debug");
+  CHECK_FALSE(c.logging.jsonl);
+}
+
+TEST_CASE("keys that are not given keep the struct defaults", "[config]") {
+  const Config c = parse_config(kRequired, "minimal.yaml");
+  Config expected;
+  expected.model.name = "resnet18";
+  expected.data.root = "/data/mnist";
+  expected.trainer.global_batch = 128;
+  expected.trainer.epochs = 2;
+  check_same(c, expected);
+  CHECK(c.optim.lr == 0.1);
+  CHECK(c.optim.eps == 1e-8);
+  CHECK(c.data.kind == "idx");
+  CHECK(c.trainer.device == "auto");
+
+  SECTION("an empty section is allowed") {
+    const Config with_empty = parse_config(kRequired + "optim:\n", "minimal.yaml");
+    CHECK(with_empty.optim.name == "sgd");
+  }
+}
+
+TEST_CASE("YAML syntax errors name the file, line and column", "[config]") {
+  CHECK_THAT(config_error("model:\n  name: [resnet18\ntrainer: {}\n"),
+             Contains("test.yaml:3:8: invalid YAML"));
+  CHECK_THAT(config_error("optim:\n  lr: 0.1\n   bad indent: 1\n"),
+             Contains("test.yaml:3:14: invalid YAML: illegal map value"));
+}
+
+TEST_CASE("an empty or comment-only file is rejected", "[config]") {
+  CHECK_THAT(config_error(""), Contains("test.yaml: empty config"));
+  CHECK_THAT(config_error("# nothing but a comment\n\n"), Contains("test.yaml: empty config"));
+}
+
+TEST_CASE("the document and each section must be maps", "[config]") {
+  CHECK_THAT(config_error("just a string\n"),
+             Contains("test.yaml:1:1: expected a map of sections") && Contains("'just a string'"));
+  CHECK_THAT(config_error("- model\n- data\n"),
+             Contains("test.yaml:1:1:") && Contains("got a list"));
+  CHECK_THAT(config_error("optim: 5\n" + kRequired),
+             Contains("test.yaml:1:8: key 'optim': expected a map of keys, got '5'"));
+  CHECK_THAT(config_error("---\na: 1\n---\nb: 2\n"),
+             Contains("expected one YAML document, found 2"));
+}
+
+TEST_CASE("unknown sections and keys are rejected with a suggestion", "[config]") {
+  SECTION("misspelt section") {
+    CHECK_THAT(config_error("optimm:\n  lr: 0.1\n" + kRequired),
+               Contains("test.yaml:1:1: key 'optimm': unknown section; did you mean 'optim'?"));
+  }
+  SECTION("misspelt key") {
+    CHECK_THAT(config_error("optim:\n  lrr: 0.1\n" + kRequired),
+               Contains("test.yaml:2:3: key 'optim.lrr': unknown key; did you mean 'optim.lr'?"));
+  }
+  SECTION("key in the wrong section") {
+    CHECK_THAT(config_error("loss:\n  lr: 0.1\n" + kRequired),
+               Contains("test.yaml:2:3: key 'loss.lr': unknown key; did you mean 'optim.lr'?"));
+  }
+  SECTION("nothing close enough to suggest") {
+    const std::string key_message = config_error("optim:\n  flux_capacitor: 1\n" + kRequired);
+    CHECK_THAT(key_message, Contains("test.yaml:2:3: key 'optim.flux_capacitor': unknown key"));
+    CHECK_THAT(key_message, !Contains("did you mean"));
+    const std::string section_message = config_error("zzz: {}\n" + kRequired);
+    CHECK_THAT(section_message,
+               Contains("key 'zzz': unknown section; the sections are model, data"));
+  }
+}
+
+TEST_CASE("values of the wrong type are rejected with the expected type", "[config]") {
+  CHECK_THAT(config_error("optim:\n  lr: abc\n" + kRequired),
+             Contains("test.yaml:2:7: key 'optim.lr': expected a float, got 'abc'"));
+  CHECK_THAT(config_error("checkpoint:\n  every_steps: 1.5\n" + kRequired),
+             Contains("test.yaml:2:16: key 'checkpoint.every_steps': expected an int, got '1.5'"));
+  CHECK_THAT(
+      config_error("data:\n  root: /d\n  shuffle: maybe\n" + kModelAndTrainer),
+      Contains("test.yaml:3:12: key 'data.shuffle': expected a bool (true or false), got 'maybe'"));
+  CHECK_THAT(config_error("optim:\n  lr: {value: 0.1}\n" + kRequired),
+             Contains("test.yaml:2:7: key 'optim.lr': expected a float, got a map"));
+  CHECK_THAT(config_error("optim:\n  name: [sgd]\n" + kRequired),
+             Contains("test.yaml:2:9: key 'optim.name': expected a string, got a list"));
+  CHECK_THAT(
+      config_error("optim:\n  lr: \"0.1\"\n" + kRequired),
+      Contains("test.yaml:2:7: key 'optim.lr': expected a float, got the quoted string \"0.1\""));
+  CHECK_THAT(config_error("optim:\n  lr:\n" + kRequired),
+             Contains("test.yaml:2:3: key 'optim.lr': expected a float, got no value"));
+  CHECK_THAT(config_error("schedule:\n  milestones: 0.5\n" + kRequired),
+             Contains("test.yaml:2:15: key 'schedule.milestones': expected a list of floats"));
+  CHECK_THAT(config_error("schedule:\n  milestones: [0.5, x]\n" + kRequired),
+             Contains("test.yaml:2:21: key 'schedule.milestones[1]': expected a float, got 'x'"));
+  CHECK_THAT(config_error("optim:\n  lr: .nan\n" + kRequired),
+             Contains("key 'optim.lr': expected a float"));
+}
+
+TEST_CASE("out-of-range values are rejected with the allowed range", "[config]") {
+  CHECK_THAT(config_error("optim:\n  lr: -0.1\n" + kRequired),
+             Contains("test.yaml:2:7: key 'optim.lr': must be > 0, got -0.1"));
+  CHECK_THAT(config_error("optim:\n  momentum: 1.5\n" + kRequired),
+             Contains("test.yaml:2:13: key 'optim.momentum': must be in [0, 1), got 1.5"));
+  CHECK_THAT(config_error(kModelAndData + "trainer:\n  epochs: 1\n  global_batch: 0\n"),
+             Contains("test.yaml:5:17: key 'trainer.global_batch': must be >= 1, got 0"));
+  CHECK_THAT(
+      config_error("data:\n  root: /d\n  mean: [0.5, 0.5]\n  std: [0.5, 0]\n" + kModelAndTrainer),
+      Contains("test.yaml:4:14: key 'data.std[1]': must be > 0, got 0"));
+  CHECK_THAT(config_error("schedule:\n  milestones: [0.5, 1.0]\n" + kRequired),
+             Contains("test.yaml:2:21: key 'schedule.milestones[1]': must be in (0, 1), got 1.0"));
+}
+
+TEST_CASE("enum values must be one of the allowed values", "[config]") {
+  CHECK_THAT(config_error("optim:\n  name: sdg\n" + kRequired),
+             Contains("test.yaml:2:9: key 'optim.name': must be one of sgd, adamw, got 'sdg'; "
+                      "did you mean 'sgd'?"));
+  CHECK_THAT(
+      config_error("logging:\n  level: verbose\n" + kRequired),
+      Contains(
+          "key 'logging.level': must be one of trace, debug, info, warn, error, got 'verbose'"));
+}
+
+TEST_CASE("duplicate keys and sections are rejected", "[config]") {
+  CHECK_THAT(config_error("optim:\n  lr: 0.1\n  lr: 0.2\n" + kRequired),
+             Contains("test.yaml:3:3: key 'optim.lr': duplicate key (first given at 2:3)"));
+  CHECK_THAT(config_error("optim: {}\noptim: {}\n" + kRequired),
+             Contains("test.yaml:2:1: key 'optim': duplicate key (first given at 1:1)"));
+}
+
+TEST_CASE("required keys must be given", "[config]") {
+  CHECK_THAT(config_error("data: {root: /d}\ntrainer: {global_batch: 1, epochs: 1}\n"),
+             Contains("test.yaml: key 'model.name': required key is missing"));
+  CHECK_THAT(config_error(kModelAndData + "trainer: {epochs: 1}\n"),
+             Contains("test.yaml: key 'trainer.global_batch': required key is missing"));
+  CHECK_THAT(config_error(kModelAndData + "trainer: {global_batch: 8}\n"),
+             Contains("test.yaml: key 'trainer.epochs': set trainer.epochs or trainer.max_steps"));
+  CHECK_THAT(
+      config_error(kModelAndData + "trainer: {global_batch: 8, max_steps: 0}\n"),
+      Contains("test.yaml:3:39: key 'trainer.max_steps': set trainer.epochs or trainer.max_steps"));
+  CHECK_THAT(config_error(
+                 "model:\n  name: \"\"\ndata: {root: /d}\ntrainer: {global_batch: 8, epochs: 1}\n"),
+             Contains("test.yaml:2:9: key 'model.name': must not be empty"));
+}
+
+TEST_CASE("rules across keys are checked", "[config]") {
+  SECTION("mean and std have the same length") {
+    CHECK_THAT(
+        config_error("data:\n  root: /d\n  mean: [0.5, 0.5]\n  std: [0.5]\n" + kModelAndTrainer),
+        Contains("test.yaml:4:8: key 'data.std': data.mean has 2 entries and data.std has 1"));
+  }
+  SECTION("idx needs a root") {
+    CHECK_THAT(config_error(kModelAndTrainer),
+               Contains("test.yaml: key 'data.root': required when data.kind is 'idx'"));
+    CHECK_NOTHROW(parse_config("data: {kind: synthetic}\n" + kModelAndTrainer, "test.yaml"));
+  }
+  SECTION("milestones increase") {
+    CHECK_THAT(config_error("schedule:\n  milestones: [0.6, 0.3]\n" + kRequired),
+               Contains("test.yaml:2:15: key 'schedule.milestones': must be strictly increasing, "
+                        "got 0.3 after 0.6"));
+  }
+  SECTION("micro_batch fits in global_batch") {
+    CHECK_THAT(config_error("tuning:\n  micro_batch: 256\n" + kRequired),
+               Contains("test.yaml:2:16: key 'tuning.micro_batch': is 256, larger than "
+                        "trainer.global_batch (128)"));
+    CHECK_NOTHROW(parse_config("tuning:\n  micro_batch: 128\n" + kRequired, "test.yaml"));
+  }
+  SECTION("device is auto, cpu, cuda or cuda:N") {
+    CHECK_THAT(config_error(kModelAndData + "trainer: {global_batch: 1, epochs: 1, device: gpu}\n"),
+               Contains("test.yaml:3:47: key 'trainer.device': must be auto, cpu, cuda or cuda:N"));
+    CHECK_THAT(config_error(kRequired, {"trainer.device=cuda:x"}),
+               Contains("key 'trainer.device'"));
+    for (const std::string device : {"auto", "cpu", "cuda", "cuda:3"})
+      CHECK(parse_config(kRequired, "test.yaml", {"trainer.device=" + device}).trainer.device ==
+            device);
+  }
+}
+
+TEST_CASE("--set overrides are typed, checked and applied after the file", "[config]") {
+  SECTION("applied") {
+    const Config c = parse_config(
+        kRequired, "test.yaml",
+        {"optim.lr=0.25", "data.mean=[0.5, 0.5]", "data.std=[0.25,0.25]", "trainer.device=cpu",
+         "data.shuffle=false", "model.init_from=", "trainer.epochs=5", "trainer.epochs=6"});
+    CHECK(c.optim.lr == 0.25);
+    CHECK(c.data.mean == std::vector<double>{0.5, 0.5});
+    CHECK(c.data.std == std::vector<double>{0.25, 0.25});
+    CHECK(c.trainer.device == "cpu");
+    CHECK_FALSE(c.data.shuffle);
+    CHECK(c.model.init_from.empty());
+    CHECK(c.trainer.epochs == 6);  // the last override wins
+  }
+  SECTION("they can supply a missing required key") {
+    const Config c = parse_config(kModelAndData + "trainer: {epochs: 1}\n", "test.yaml",
+                                  {"trainer.global_batch=64"});
+    CHECK(c.trainer.global_batch == 64);
+  }
+  SECTION("cross-key rules see the overridden values") {
+    CHECK_THAT(
+        config_error(kRequired, {"tuning.micro_batch=512"}),
+        Contains("--set tuning.micro_batch=512: key 'tuning.micro_batch': is 512, larger than"));
+  }
+  SECTION("rejected") {
+    CHECK_THAT(config_error(kRequired, {"optim.lr=abc"}),
+               Contains("--set optim.lr=abc: key 'optim.lr': expected a float, got 'abc'"));
+    CHECK_THAT(config_error(kRequired, {"optim.lr=-1"}),
+               Contains("--set optim.lr=-1: key 'optim.lr': must be > 0"));
+    CHECK_THAT(
+        config_error(kRequired, {"optim.lrr=0.1"}),
+        Contains("--set optim.lrr=0.1: key 'optim.lrr': unknown key; did you mean 'optim.lr'?"));
+    CHECK_THAT(config_error(kRequired, {"optimm.lr=0.1"}), Contains("did you mean 'optim.lr'?"));
+    CHECK_THAT(config_error(kRequired, {"lr=0.1"}), Contains("did you mean 'optim.lr'?"));
+    CHECK_THAT(config_error(kRequired, {"optim.lr"}),
+               Contains("--set optim.lr: expected key=value"));
+    CHECK_THAT(config_error(kRequired, {"=0.1"}), Contains("--set =0.1: empty key"));
+    CHECK_THAT(config_error(kRequired, {"data.mean=[0.5,"}),
+               Contains("--set data.mean=[0.5,: key 'data.mean': invalid YAML value"));
+    CHECK_THAT(config_error(kRequired, {"data.mean=[0.5, x]"}),
+               Contains("--set data.mean=[0.5, x]: key 'data.mean[1]': expected a float"));
+  }
+}
+
+TEST_CASE("to_yaml writes every key and round-trips exactly", "[config]") {
+  SECTION("defaults") {
+    const Config c = parse_config(kRequired, "minimal.yaml");
+    const std::string yaml = train::to_yaml(c);
+    CHECK_THAT(yaml,
+               Contains("\noptim:") && Contains("\n  lr: 0.1 ") && Contains("\n  eps: 1e-08 "));
+    CHECK_THAT(yaml, Contains("checkpoint:") && Contains("keep_last: 2") && Contains("# "));
+    const Config again = parse_config(yaml, "resolved.yaml");
+    check_same(c, again);
+    CHECK(again.optim.lr == 0.1);
+    CHECK(again.optim.eps == 1e-8);
+  }
+  SECTION("every field changed, awkward floats and strings") {
+    Config c = unusual_config();
+    c.source = "resolved.yaml";  // to_yaml notes the source; parsing sets it from the name
+    const std::string yaml = train::to_yaml(c);
+    INFO(yaml);
+    const Config again = parse_config(yaml, "resolved.yaml");
+    check_same(c, again);
+    CHECK(train::to_yaml(again) == yaml);
+  }
+}
+
+TEST_CASE("config_reference documents every key", "[config]") {
+  const std::string reference = train::config_reference();
+  CHECK_THAT(reference, Contains("| key | type | default | allowed / range | meaning |"));
+  for (const char* heading : {"## model", "## data", "## optim", "## schedule", "## loss",
+                              "## trainer", "## tuning", "## checkpoint", "## logging"})
+    CHECK_THAT(reference, Contains(heading));
+  for (const char* key :
+       {"`optim.lr`", "`trainer.global_batch`", "`checkpoint.every_steps`", "`model.init_from`",
+        "`data.std`", "`logging.jsonl`", "`tuning.max_micro_batch`"})
+    CHECK_THAT(reference, Contains(key));
+  CHECK_THAT(reference, Contains("| `optim.lr` | float | `0.1` | > 0 |"));
+  CHECK_THAT(reference, Contains("| `optim.name` | enum | `sgd` | `sgd`, `adamw` |"));
+  CHECK_THAT(reference, Contains("Required: `model.name`, `trainer.global_batch`"));
+}
+
+TEST_CASE("load_config reads a file and names it in errors", "[config]") {
+  const std::string path = temp_path("train_test_config.yaml");
+  {
+    std::ofstream out(path);
+    out << kRequired << "optim:\n  lr: 0.05\n";
+  }
+  const Config c = train::load_config(path, {"optim.momentum=0.5"});
+  CHECK(c.source == path);
+  CHECK(c.optim.lr == 0.05);
+  CHECK(c.optim.momentum == 0.5);
+  {
+    std::ofstream out(path);
+    out << kRequired << "optim:\n  lr: fast\n";
+  }
+  CHECK_THROWS_WITH(train::load_config(path), Contains(path + ":5:7: key 'optim.lr'"));
+  std::remove(path.c_str());
+
+  const std::string missing = temp_path("train_test_config_missing.yaml");
+  CHECK_THROWS_AS(train::load_config(missing), ConfigError);
+  CHECK_THROWS_WITH(train::load_config(missing), Contains(missing) && Contains("cannot open"));
+}

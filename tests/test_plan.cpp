@@ -1,0 +1,156 @@
+#include "testing.h"
+
+#include <train/config.h>
+#include <train/device.h>
+#include <train/errors.h>
+#include <train/optim.h>
+#include <train/plan.h>
+
+#include <cmath>
+
+using namespace train;
+
+namespace {
+
+Config base_config(int64_t global_batch) {
+  return parse_config("model: {name: resnet18}\n"
+                      "data: {kind: synthetic}\n"
+                      "trainer: {global_batch: " + std::to_string(global_batch) + ", epochs: 2}\n",
+                      "plan_test.yaml");
+}
+
+DeviceProfile cpu_profile(int cores = 4) {
+  DeviceProfile d;
+  d.kind = "cpu";
+  d.name = "test CPU";
+  d.cpu_cores = cores;
+  return d;
+}
+
+DeviceProfile gpu_profile(int cc_major) {
+  DeviceProfile d;
+  d.kind = "cuda";
+  d.name = "test GPU";
+  d.cc_major = cc_major;
+  d.tf32 = d.bf16 = cc_major >= 8;
+  d.cpu_cores = 16;
+  d.visible_gpus = 1;
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("plan: global = micro x accum x world, exactly", "[plan]") {
+  Config c = base_config(256);
+  c.tuning.max_micro_batch = 64;
+  PlanInputs in;
+  in.world_size = 2;
+  const Plan p = make_plan(c, cpu_profile(), in);
+  CHECK(p.micro_batch == 64);
+  CHECK(p.accum_steps == 2);
+  CHECK(p.micro_batch * p.accum_steps * p.world_size == p.global_batch);
+}
+
+TEST_CASE("plan: max_micro_batch picks the largest exact divisor", "[plan]") {
+  Config c = base_config(96);
+  c.tuning.max_micro_batch = 40;  // 96 = 32 x 3
+  const Plan p = make_plan(c, cpu_profile(), {});
+  CHECK(p.micro_batch == 32);
+  CHECK(p.accum_steps == 3);
+}
+
+TEST_CASE("plan: an inexact split is an error that names the key", "[plan]") {
+  Config c = base_config(100);
+  PlanInputs in;
+  in.world_size = 3;
+  CHECK_THROWS_WITH(make_plan(c, cpu_profile(), in), Catch::Contains("trainer.global_batch") && Catch::Contains("3"));
+  c = base_config(100);
+  c.tuning.micro_batch = 30;
+  CHECK_THROWS_AS(make_plan(c, cpu_profile(), {}), ConfigError);
+  CHECK_THROWS_WITH(make_plan(c, cpu_profile(), {}), Catch::Contains("tuning.micro_batch"));
+}
+
+TEST_CASE("plan: device-dependent decisions", "[plan]") {
+  const Config c = base_config(64);
+  PlanInputs conv;
+  conv.convolutional = true;
+  const Plan cpu = make_plan(c, cpu_profile(2), conv);
+  CHECK(cpu.precision == "fp32");
+  CHECK_FALSE(cpu.tf32);
+  CHECK_FALSE(cpu.pin_memory);
+  CHECK_FALSE(cpu.cudnn_benchmark);
+  CHECK(cpu.threads == 2);
+  CHECK(cpu.workers == 1);
+
+  const Plan a100 = make_plan(c, gpu_profile(8), conv);
+  CHECK(a100.tf32);
+  CHECK(a100.pin_memory);
+  CHECK(a100.cudnn_benchmark);
+  CHECK(a100.workers >= 1);
+
+  const Plan t4 = make_plan(c, gpu_profile(7), conv);
+  CHECK_FALSE(t4.tf32);
+
+  PlanInputs dynamic = conv;
+  dynamic.static_shapes = false;
+  CHECK_FALSE(make_plan(c, gpu_profile(8), dynamic).cudnn_benchmark);
+}
+
+TEST_CASE("plan: schedule length from epochs or max_steps", "[plan]") {
+  Config c = base_config(32);
+  c.trainer.epochs = 3;
+  c.schedule.warmup_epochs = 0.5;
+  Plan p = make_plan(c, cpu_profile(), {});
+  finalize_schedule(p, c, 1000);  // 31 whole steps per epoch
+  CHECK(p.steps_per_epoch == 31);
+  CHECK(p.total_steps == 93);
+  CHECK(p.warmup_steps == 16);  // round(0.5 x 31)
+
+  c.trainer.max_steps = 10;
+  p = make_plan(c, cpu_profile(), {});
+  finalize_schedule(p, c, 1000);
+  CHECK(p.total_steps == 10);
+  CHECK(p.warmup_steps == 10);
+
+  CHECK_THROWS_WITH(finalize_schedule(p, c, 16), Catch::Contains("larger than the training set"));
+}
+
+TEST_CASE("plan: text and JSON carry every decision", "[plan]") {
+  const Plan p = make_plan(base_config(64), cpu_profile(), {});
+  const std::string text = p.to_text();
+  for (const char* key : {"micro_batch", "accum_steps", "precision", "workers", "pin_memory", "threads"}) {
+    CHECK_THAT(text, Catch::Contains(key));
+  }
+  const std::string json = p.to_json();
+  for (const char* key : {"\"device\"", "\"micro_batch\"", "\"accum_steps\"", "\"global_batch\"", "\"world_size\"",
+                          "\"lr\"", "\"warmup_steps\"", "\"precision\"", "\"channels_last\"", "\"cudnn_benchmark\"",
+                          "\"workers\"", "\"pin_memory\"", "\"model_params\"", "\"decisions\""}) {
+    CHECK_THAT(json, Catch::Contains(key));
+  }
+}
+
+TEST_CASE("schedules: warmup, cosine, step, constant", "[schedule]") {
+  ScheduleConfig s;
+  s.name = "cosine";
+  s.min_lr_ratio = 0.1;
+  const LrSchedule cosine(s, 1.0, 110, 10);
+  CHECK(cosine.at(0) == Approx(0.1));  // warmup: (step+1)/warmup
+  CHECK(cosine.at(9) == Approx(1.0));
+  CHECK(cosine.at(10) == Approx(1.0));
+  CHECK(cosine.at(60) == Approx(0.1 + 0.9 * 0.5));  // half way through the decay
+  CHECK(cosine.at(110) == Approx(0.1));
+  CHECK(cosine.at(500) == Approx(0.1));  // clamps past the end
+
+  s.name = "step";
+  s.milestones = {0.5, 0.75};
+  s.gamma = 0.1;
+  const LrSchedule step(s, 2.0, 100, 0);
+  CHECK(step.at(49) == Approx(2.0));
+  CHECK(step.at(50) == Approx(0.2));
+  CHECK(step.at(75) == Approx(0.02));
+
+  s.name = "constant";
+  const LrSchedule constant(s, 0.3, 100, 4);
+  CHECK(constant.at(1) == Approx(0.15));
+  CHECK(constant.at(50) == Approx(0.3));
+}

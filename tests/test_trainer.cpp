@@ -1,0 +1,227 @@
+#include "testing.h"
+
+#include <train/checkpoint.h>
+#include <train/config.h>
+#include <train/errors.h>
+#include <train/files.h>
+#include <train/models/model.h>
+#include <train/optim.h>
+#include <train/run.h>
+#include <train/trainer.h>
+
+#include <torch/torch.h>
+
+#include <fstream>
+#include <unistd.h>
+
+using namespace train;
+
+namespace {
+
+// A model without batch statistics, so that micro-batching must not change the update.
+class TinyMlp : public models::Model {
+ public:
+  explicit TinyMlp(const ModelConfig& c) {
+    fc1 = register_module("fc1", torch::nn::Linear(c.in_channels * 8 * 8, 32));
+    fc2 = register_module("fc2", torch::nn::Linear(32, c.num_classes));
+  }
+  torch::Tensor forward(const torch::Tensor& x) override {
+    return fc2->forward(torch::relu(fc1->forward(x.flatten(1))));
+  }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+
+void register_tiny_mlp() {
+  static const bool once = [] {
+    models::register_model("tiny_mlp", [](const ModelConfig& c) { return std::make_shared<TinyMlp>(c); },
+                           "two-layer MLP for tests");
+    return true;
+  }();
+  (void)once;
+}
+
+Config synthetic_config(const std::string& extra = "") {
+  return parse_config("model: {name: tiny_mlp, in_channels: 1, num_classes: 10}\n"
+                      "data: {kind: synthetic, channels: 1, image_size: 8, synthetic_train_samples: 256,"
+                      " synthetic_val_samples: 64, workers: 0}\n"
+                      "optim: {name: sgd, lr: 0.1, momentum: 0.0}\n"
+                      "schedule: {name: constant}\n"
+                      "trainer: {global_batch: 16, max_steps: 1, device: cpu, threads: 1}\n"
+                      "logging: {every_steps: 1000}\n",
+                      "trainer_test.yaml", {extra.empty() ? std::vector<std::string>{} : std::vector<std::string>{extra}});
+}
+
+std::vector<torch::Tensor> params_after_fit(Config c) {
+  RunParts run = prepare_run(c);
+  Trainer trainer(c, run.plan, run.model, run.train, nullptr, "");
+  trainer.fit();
+  std::vector<torch::Tensor> out;
+  for (const auto& p : trainer.model().parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+std::string temp_dir(const std::string& name) { return files::make_temp_directory("train_test_" + name + "_"); }
+
+}  // namespace
+
+TEST_CASE("accumulation: 4 micro-steps of 4 equal one step of 16", "[trainer]") {
+  register_tiny_mlp();
+  Config whole = synthetic_config();
+  Config micro = synthetic_config("tuning.micro_batch=4");
+  const auto a = params_after_fit(whole);
+  const auto b = params_after_fit(micro);
+  RunParts run = prepare_run(micro);
+  CHECK(run.plan.accum_steps == 4);
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) CHECK(torch::allclose(a[i], b[i], 1e-5, 1e-6));
+
+  // The step really moved the weights (otherwise the comparison above proves nothing).
+  torch::manual_seed(0);
+  RunParts fresh = prepare_run(whole);
+  CHECK_FALSE(torch::allclose(fresh.model->parameters()[0], a[0]));
+}
+
+TEST_CASE("checkpoint: round trip restores model, optimizer and position", "[trainer][checkpoint]") {
+  register_tiny_mlp();
+  const std::string dir = temp_dir("ckpt");
+  Config c = synthetic_config();
+  c.optim.momentum = 0.9;  // optimizer state to restore
+  RunParts run = prepare_run(c);
+  auto optimizer = make_optimizer(c.optim, *run.model, 0.1);
+  auto loss = run.model->forward(torch::randn({4, 1, 8, 8})).sum();
+  loss.backward();
+  optimizer->step();
+  TrainState st;
+  st.step = 7;
+  st.epoch = 2;
+  st.batch_in_epoch = 5;
+  st.samples_seen = 112;
+  st.config_yaml = to_yaml(c);
+  st.tensors["extra/scale"] = torch::tensor({65536.0});
+  const std::string path = checkpoint_path(dir, 7);
+  save_checkpoint(path, *run.model, optimizer.get(), st);
+  CHECK(latest_checkpoint(dir) == path);
+
+  RunParts other = prepare_run(synthetic_config("trainer.seed=5"));
+  auto optimizer2 = make_optimizer(c.optim, *other.model, 0.1);
+  const TrainState back = load_checkpoint(path, *other.model, optimizer2.get());
+  CHECK(back.step == 7);
+  CHECK(back.epoch == 2);
+  CHECK(back.batch_in_epoch == 5);
+  CHECK(back.samples_seen == 112);
+  CHECK(back.config_yaml == st.config_yaml);
+  CHECK(back.tensors.at("extra/scale").item<double>() == 65536.0);
+  const auto pa = run.model->parameters(), pb = other.model->parameters();
+  for (size_t i = 0; i < pa.size(); ++i) CHECK(torch::equal(pa[i], pb[i]));
+  // Momentum buffers came back: one more identical step keeps the models identical.
+  optimizer->zero_grad();
+  optimizer2->zero_grad();
+  for (auto* m : {run.model.get(), other.model.get()}) {
+    torch::manual_seed(1);
+    m->forward(torch::randn({4, 1, 8, 8})).sum().backward();
+  }
+  optimizer->step();
+  optimizer2->step();
+  for (size_t i = 0; i < pa.size(); ++i) CHECK(torch::allclose(pa[i], pb[i]));
+  files::remove_all(dir);
+}
+
+TEST_CASE("checkpoint: bad files are rejected with the file named", "[trainer][checkpoint]") {
+  register_tiny_mlp();
+  const std::string dir = temp_dir("badckpt");
+  RunParts run = prepare_run(synthetic_config());
+  CHECK_THROWS_AS(load_checkpoint(files::join(dir, "missing.pt"), *run.model, nullptr), CheckpointError);
+
+  const std::string garbage = files::join(dir, "garbage.pt");
+  std::ofstream(garbage) << "not a checkpoint";
+  CHECK_THROWS_WITH(load_checkpoint(garbage, *run.model, nullptr), Catch::Contains("garbage.pt"));
+
+  const std::string good = checkpoint_path(dir, 1);
+  save_checkpoint(good, *run.model, nullptr, {});
+  const std::string truncated = files::join(dir, "truncated.pt");
+  files::copy_file(good, truncated);
+  REQUIRE(::truncate(truncated.c_str(), files::file_size(good) / 2) == 0);
+  CHECK_THROWS_AS(load_checkpoint(truncated, *run.model, nullptr), CheckpointError);
+
+  // A checkpoint of a different architecture names the mismatching entry.
+  Config wider = synthetic_config("model.num_classes=12");
+  RunParts other = prepare_run(wider);
+  CHECK_THROWS_WITH(load_checkpoint(good, *other.model, nullptr), Catch::Contains("fc2.weight"));
+  // No temporary files are left behind by successful saves.
+  for (const auto& name : files::list_directory(dir)) CHECK(name.find(".tmp.") == std::string::npos);
+  files::remove_all(dir);
+}
+
+TEST_CASE("fit: a short ResNet run on synthetic data lowers the loss and writes metrics", "[trainer][e2e]") {
+  const std::string dir = temp_dir("fit");
+  Config c = parse_config(
+      "model: {name: resnet18, in_channels: 1, num_classes: 10, width: 0.125, small_input: true}\n"
+      "data: {kind: synthetic, channels: 1, image_size: 12, synthetic_train_samples: 128,"
+      " synthetic_val_samples: 64, workers: 1}\n"
+      "optim: {name: adamw, lr: 0.003, weight_decay: 0.01}\n"
+      "schedule: {name: cosine, warmup_steps: 2}\n"
+      "trainer: {global_batch: 32, epochs: 6, device: cpu}\n"
+      "checkpoint: {every_steps: 10}\n"
+      "logging: {every_steps: 4}\n",
+      "e2e.yaml");
+  RunParts run = prepare_run(c);
+  apply_plan_globals(run.plan);
+  Trainer trainer(c, run.plan, run.model, run.train, run.val, dir);
+  const EvalResult before = trainer.evaluate();
+  const FitResult result = trainer.fit();
+  CHECK(result.steps == 24);
+  CHECK(result.val.samples == 64);
+  CHECK(result.val.loss < before.loss);
+  CHECK(result.val.accuracy > 0.3);  // 10 learnable classes; chance is 0.1
+  std::ifstream metrics(files::join(dir, "metrics.jsonl"));
+  std::string line;
+  int train_lines = 0, val_lines = 0;
+  while (std::getline(metrics, line)) {
+    if (line.find("\"split\":\"train\"") != std::string::npos) {
+      ++train_lines;
+      for (const char* key : {"\"step\"", "\"epoch\"", "\"loss\"", "\"lr\"", "\"samples_per_s\""}) {
+        CHECK_THAT(line, Catch::Contains(key));
+      }
+    }
+    if (line.find("\"split\":\"val\"") != std::string::npos) {
+      ++val_lines;
+      CHECK_THAT(line, Catch::Contains("\"accuracy\""));
+    }
+  }
+  CHECK(train_lines == 6);
+  CHECK(val_lines == 6);  // one per epoch
+  CHECK(files::exists(result.last_checkpoint));
+  files::remove_all(dir);
+}
+
+TEST_CASE("fit: stopping and resuming gives the same weights as an uninterrupted run", "[trainer][resume]") {
+  register_tiny_mlp();
+  const std::string dir_a = temp_dir("resume_a"), dir_b = temp_dir("resume_b");
+  Config c = synthetic_config();
+  c.trainer.max_steps = 0;
+  c.trainer.epochs = 3;  // 16 steps per epoch -> 48 steps, crossing epoch boundaries
+  c.optim.momentum = 0.9;
+  c.data.workers = 2;
+  c.schedule.name = "cosine";
+  c.checkpoint.every_steps = 20;
+  c.checkpoint.keep_last = 5;
+
+  RunParts full = prepare_run(c);
+  Trainer a(c, full.plan, full.model, full.train, nullptr, dir_a);
+  a.fit();
+
+  // A fresh trainer (as a restarted process would build) continues from the step-20 checkpoint.
+  files::make_directories(files::join(dir_b, "checkpoints"));
+  files::copy_file(checkpoint_path(files::join(dir_a, "checkpoints"), 20),
+                   checkpoint_path(files::join(dir_b, "checkpoints"), 20));
+  torch::manual_seed(1234);  // the resumed run must not depend on the process's RNG state
+  RunParts resumed = prepare_run(synthetic_config("trainer.seed=99"));  // different initial weights, overwritten
+  Trainer b2(c, full.plan, resumed.model, resumed.train, nullptr, dir_b);
+  const FitResult r = b2.fit("auto");
+  CHECK(r.resumed_from_step == 20);
+  CHECK(r.steps == 48);
+  const auto pa = a.model().parameters(), pb = b2.model().parameters();
+  for (size_t i = 0; i < pa.size(); ++i) CHECK(torch::allclose(pa[i], pb[i], 1e-6, 1e-7));
+  files::remove_all(dir_a);
+  files::remove_all(dir_b);
+}
