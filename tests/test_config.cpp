@@ -66,6 +66,7 @@ auto fields(const train::TrainerConfig& t) {
                   t.device, t.threads);
 }
 auto fields(const train::TuningConfig& t) { return std::tie(t.micro_batch, t.max_micro_batch); }
+auto fields(const train::PrecisionConfig& p) { return std::tie(p.mode, p.channels_last); }
 auto fields(const train::CheckpointConfig& c) { return std::tie(c.every_steps, c.keep_last); }
 auto fields(const train::LoggingConfig& l) { return std::tie(l.every_steps, l.level, l.jsonl); }
 
@@ -77,6 +78,7 @@ void check_same(const Config& a, const Config& b) {
   CHECK(fields(a.loss) == fields(b.loss));
   CHECK(fields(a.trainer) == fields(b.trainer));
   CHECK(fields(a.tuning) == fields(b.tuning));
+  CHECK(fields(a.precision) == fields(b.precision));
   CHECK(fields(a.checkpoint) == fields(b.checkpoint));
   CHECK(fields(a.logging) == fields(b.logging));
 }
@@ -137,6 +139,8 @@ Config unusual_config() {
   c.trainer.threads = 4;
   c.tuning.micro_batch = 64;
   c.tuning.max_micro_batch = 128;
+  c.precision.mode = "bf16";
+  c.precision.channels_last = "off";
   c.checkpoint.every_steps = 500;
   c.checkpoint.keep_last = 3;
   c.logging.every_steps = 10;

@@ -154,3 +154,29 @@ TEST_CASE("schedules: warmup, cosine, step, constant", "[schedule]") {
   CHECK(constant.at(1) == Approx(0.15));
   CHECK(constant.at(50) == Approx(0.3));
 }
+
+TEST_CASE("plan: precision and layout per device", "[plan]") {
+  const Config c = base_config(64);
+  PlanInputs conv;
+  conv.convolutional = true;
+  const Plan h100 = make_plan(c, gpu_profile(9), conv);
+  CHECK(h100.precision == "bf16");
+  CHECK(h100.tf32);
+  CHECK(h100.channels_last);
+  const Plan t4 = make_plan(c, gpu_profile(7), conv);
+  CHECK(t4.precision == "fp32");
+  CHECK_FALSE(t4.channels_last);
+  const Plan cpu = make_plan(c, cpu_profile(), conv);
+  CHECK(cpu.precision == "fp32");
+  CHECK_FALSE(cpu.channels_last);
+  PlanInputs mlp;
+  CHECK_FALSE(make_plan(c, gpu_profile(8), mlp).channels_last);
+
+  Config bf16 = c;
+  bf16.precision.mode = "bf16";
+  CHECK(make_plan(bf16, cpu_profile(), conv).precision == "bf16");  // CPU autocast
+  CHECK_THROWS_WITH(make_plan(bf16, gpu_profile(7), conv), Catch::Contains("precision.mode"));
+  Config off = c;
+  off.precision.channels_last = "off";
+  CHECK_FALSE(make_plan(off, gpu_profile(9), conv).channels_last);
+}

@@ -225,3 +225,37 @@ TEST_CASE("fit: stopping and resuming gives the same weights as an uninterrupted
   files::remove_all(dir_a);
   files::remove_all(dir_b);
 }
+
+TEST_CASE("cuda: the plan picks bf16 + channels_last on a tensor-core GPU and training converges", "[cuda]") {
+  if (!torch::cuda::is_available()) {
+    WARN("no CUDA device visible: the CUDA path is checked by scripts/gpu-check on a GPU machine");
+    return;
+  }
+  Config c = parse_config(
+      "model: {name: resnet18, in_channels: 3, num_classes: 10, width: 0.25, small_input: true}\n"
+      "data: {kind: synthetic, channels: 3, image_size: 16, synthetic_train_samples: 512, synthetic_val_samples: 128}\n"
+      "optim: {name: adamw, lr: 0.003}\n"
+      "trainer: {global_batch: 64, epochs: 4, device: auto}\n",
+      "cuda.yaml");
+  RunParts run = prepare_run(c);
+  CHECK(run.plan.device.is_cuda());
+  CHECK(run.plan.device.total_memory > 0);
+  CHECK(run.plan.device.sm_count > 0);
+  CHECK(run.plan.pin_memory);
+  CHECK(run.plan.cudnn_benchmark);
+  if (run.plan.device.cc_major >= 8) {
+    CHECK(run.plan.precision == "bf16");
+    CHECK(run.plan.channels_last);
+    CHECK(run.plan.tf32);
+  }
+  apply_plan_globals(run.plan);
+  Trainer trainer(c, run.plan, run.model, run.train, run.val, "");
+  const EvalResult before = trainer.evaluate();
+  const FitResult result = trainer.fit();
+  CHECK(result.val.loss < before.loss);
+  CHECK(result.val.accuracy > 0.3);
+  for (const auto& p : trainer.model().parameters()) {
+    CHECK(p.device().is_cuda());
+    CHECK(p.scalar_type() == torch::kFloat);  // master weights stay fp32 under autocast
+  }
+}

@@ -1,6 +1,7 @@
 #pragma once
 // The one place where LibTorch version differences live (1.13 ... 2.11).
 // Internal header: not installed.
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 #include <torch/version.h>
 
@@ -33,5 +34,35 @@ inline void set_allow_tf32(bool allow) {
 }
 
 inline void set_cudnn_benchmark(bool on) { at::globalContext().setBenchmarkCuDNN(on); }
+
+// Autocast: 2.x takes the device type; 1.13 has separate GPU and CPU functions.
+inline bool autocast_enabled(c10::DeviceType device) {
+#if TRAIN_TORCH_AT_LEAST(2, 4)
+  return at::autocast::is_autocast_enabled(device);
+#else
+  return device == c10::DeviceType::CPU ? at::autocast::is_cpu_enabled() : at::autocast::is_enabled();
+#endif
+}
+inline void set_autocast_enabled(c10::DeviceType device, bool enabled) {
+#if TRAIN_TORCH_AT_LEAST(2, 4)
+  at::autocast::set_autocast_enabled(device, enabled);
+#else
+  if (device == c10::DeviceType::CPU) at::autocast::set_cpu_enabled(enabled); else at::autocast::set_enabled(enabled);
+#endif
+}
+inline c10::ScalarType autocast_dtype(c10::DeviceType device) {
+#if TRAIN_TORCH_AT_LEAST(2, 4)
+  return at::autocast::get_autocast_dtype(device);
+#else
+  return device == c10::DeviceType::CPU ? at::autocast::get_autocast_cpu_dtype() : at::autocast::get_autocast_gpu_dtype();
+#endif
+}
+inline void set_autocast_dtype(c10::DeviceType device, c10::ScalarType dtype) {
+#if TRAIN_TORCH_AT_LEAST(2, 4)
+  at::autocast::set_autocast_dtype(device, dtype);
+#else
+  if (device == c10::DeviceType::CPU) at::autocast::set_autocast_cpu_dtype(dtype); else at::autocast::set_autocast_gpu_dtype(dtype);
+#endif
+}
 
 }  // namespace train::compat

@@ -150,6 +150,7 @@ constexpr SectionInfo kSections[] = {
     {"loss", "Training loss."},
     {"trainer", "Length of training, batch size, evaluation, seed and device."},
     {"tuning", "Limits for the execution plan."},
+    {"precision", "Numeric precision and memory layout; auto lets the plan choose per device."},
     {"checkpoint", "Periodic checkpoints."},
     {"logging", "Console and metrics output."},
 };
@@ -172,6 +173,7 @@ std::vector<Key> build_schema() {
   const SectionKeys loss("loss", &Config::loss);
   const SectionKeys trainer("trainer", &Config::trainer);
   const SectionKeys tuning("tuning", &Config::tuning);
+  const SectionKeys precision("precision", &Config::precision);
   const SectionKeys checkpoint("checkpoint", &Config::checkpoint);
   const SectionKeys logging("logging", &Config::logging);
   using M = ModelConfig;
@@ -278,6 +280,13 @@ std::vector<Key> build_schema() {
       tuning("max_micro_batch", &TuningConfig::max_micro_batch,
              "upper bound for the plan's micro-batch choice; 0 = none")
           .at_least(0),
+
+      precision("mode", &PrecisionConfig::mode,
+                "auto = bf16 autocast on GPUs with compute capability >= 8.0, else fp32")
+          .one_of({"auto", "fp32", "bf16"}),
+      precision("channels_last", &PrecisionConfig::channels_last,
+                "auto = channels_last for conv nets under mixed precision on a GPU")
+          .one_of({"auto", "on", "off"}),
 
       checkpoint("every_steps", &CheckpointConfig::every_steps,
                  "save a checkpoint every N optimizer steps; 0 = only at the end")

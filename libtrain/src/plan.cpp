@@ -75,22 +75,48 @@ Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInpu
   decide("lr", num(plan.lr), "optim.lr; the global batch is fixed, so no scaling");
 
   // ---- precision ----
-  plan.precision = "fp32";
+  const std::string cc = std::to_string(device.cc_major) + "." + std::to_string(device.cc_minor);
+  const std::string& mode = config.precision.mode;
+  if (mode == "bf16" && device.is_cuda() && !device.bf16) {
+    throw ConfigError("key 'precision.mode': bf16 requested, but " + device.name + " (compute capability " + cc +
+                      ") has no bf16 tensor cores; use auto or fp32");
+  }
+  std::string precision_reason;
+  if (mode == "fp32" || mode == "bf16") {
+    plan.precision = mode;
+    precision_reason = "precision.mode";
+  } else if (device.is_cuda() && device.bf16) {
+    plan.precision = "bf16";
+    precision_reason = "compute capability " + cc + " has bf16 tensor cores; bf16 needs no loss scaling";
+  } else if (device.is_cuda()) {
+    plan.precision = "fp32";
+    precision_reason = "compute capability " + cc +
+                       " has no bf16; fp16 with loss scaling would be the fast choice but is not implemented yet";
+  } else {
+    plan.precision = "fp32";
+    precision_reason = "CPU: fp32 (bf16 autocast is available with precision.mode: bf16)";
+  }
   plan.tf32 = device.is_cuda() && device.tf32;
-  decide("precision", plan.tf32 ? "fp32 + TF32" : "fp32",
-         device.is_cuda() ? (plan.tf32 ? "compute capability " + std::to_string(device.cc_major) + "." +
-                                             std::to_string(device.cc_minor) + " has TF32 tensor cores"
-                                       : "no TF32 below compute capability 8.0")
-                          : "CPU: fp32");
+  decide("precision", plan.precision + (plan.tf32 ? " + TF32" : ""),
+         precision_reason + (device.is_cuda() ? (plan.tf32 ? "; TF32 for remaining fp32 matmuls/convs"
+                                                           : "; no TF32 below compute capability 8.0")
+                                              : ""));
 
   // ---- cuDNN / memory format ----
   plan.cudnn_benchmark = device.is_cuda() && inputs.static_shapes;
   decide("cudnn_benchmark", plan.cudnn_benchmark ? "on" : "off",
          !device.is_cuda() ? "CPU run" : inputs.static_shapes ? "input shapes are static" : "input shapes vary");
-  plan.channels_last = false;
-  decide("channels_last", "off",
-         inputs.convolutional ? "contiguous (NCHW) layout; channels_last needs mixed precision to pay off"
-                              : "not a convolutional model");
+  const std::string& cl = config.precision.channels_last;
+  if (cl == "on" || cl == "off") {
+    plan.channels_last = cl == "on";
+    decide("channels_last", cl, "precision.channels_last");
+  } else {
+    plan.channels_last = inputs.convolutional && device.is_cuda() && plan.precision != "fp32";
+    decide("channels_last", plan.channels_last ? "on" : "off",
+           !inputs.convolutional ? "not a convolutional model"
+           : plan.channels_last  ? "tensor-core convolutions run on NHWC without layout transposes"
+                                 : "NCHW: channels_last pays off with mixed precision on a GPU");
+  }
 
   // ---- CPU threads ----
   plan.threads = config.trainer.threads > 0 ? config.trainer.threads : device.cpu_cores;

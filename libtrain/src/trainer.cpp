@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "compat.h"
+#include "train/amp.h"
 #include "train/checkpoint.h"
 #include "train/data/loader.h"
 #include "train/errors.h"
@@ -68,8 +69,16 @@ struct Trainer::Impl {
   data::Batch next_batch() {
     auto batch = loader->next();
     if (!batch) throw Error("loader ran out of batches mid-step (dataset shrank?)");
-    return batch->to(device, /*non_blocking=*/plan.pin_memory);
+    return to_device(*batch);
   }
+
+  data::Batch to_device(const data::Batch& batch) const {
+    data::Batch b = batch.to(device, /*non_blocking=*/plan.pin_memory);
+    if (plan.channels_last && b.input.dim() == 4) b.input = b.input.contiguous(torch::MemoryFormat::ChannelsLast);
+    return b;
+  }
+
+  bool autocast() const { return plan.precision == "bf16"; }
 
   void write_checkpoint(const std::string& path) {
     TrainState state;
@@ -97,6 +106,7 @@ Trainer::Trainer(Config config, Plan plan, models::ModelPtr model, data::Dataset
   if (s.plan.total_steps <= 0) finalize_schedule(s.plan, s.config, s.train_set->size());
   s.device = torch::Device(s.plan.device.device_string());
   s.model->to(s.device);
+  if (s.plan.channels_last) to_channels_last(*s.model);
   s.optimizer = make_optimizer(s.config.optim, *s.model, s.plan.lr);
   data::LoaderOptions lo;
   lo.batch_size = s.plan.micro_batch;
@@ -138,8 +148,12 @@ EvalResult Trainer::evaluate() {
   auto loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(s.device));
   auto correct = torch::zeros({}, torch::TensorOptions().dtype(torch::kLong).device(s.device));
   while (auto batch = loader.next()) {
-    auto b = batch->to(s.device, s.plan.pin_memory);
-    auto logits = s.model->forward(b.input);
+    auto b = s.to_device(*batch);
+    torch::Tensor logits;
+    {
+      AutocastScope amp(s.device.type(), torch::kBFloat16, s.autocast());
+      logits = s.model->forward(b.input);
+    }
     auto flat_logits = logits.reshape({-1, logits.size(-1)}).to(torch::kFloat);
     auto flat_target = b.target.reshape({-1});
     auto valid = flat_target.ne(-100);
@@ -217,8 +231,11 @@ FitResult Trainer::fit(const std::string& resume) {
     auto step_loss = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(s.device));
     for (int64_t micro = 0; micro < s.plan.accum_steps; ++micro) {
       const data::Batch batch = s.next_batch();
-      auto logits = s.model->forward(batch.input);
-      auto loss = loss_fn(logits, batch.target, s.config.loss.label_smoothing);
+      torch::Tensor loss;
+      {
+        AutocastScope amp(s.device.type(), torch::kBFloat16, s.autocast());
+        loss = loss_fn(s.model->forward(batch.input), batch.target, s.config.loss.label_smoothing);
+      }
       // Every micro-batch has the same size, so the mean over the global batch is the mean
       // of the micro-batch means.
       (loss / static_cast<double>(s.plan.accum_steps)).backward();

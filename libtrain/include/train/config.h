@@ -86,6 +86,11 @@ struct TuningConfig {
   int64_t max_micro_batch = 0;   // upper bound for the plan's choice; 0 = none
 };
 
+struct PrecisionConfig {
+  std::string mode = "auto";          // auto | fp32 | bf16
+  std::string channels_last = "auto"; // auto | on | off
+};
+
 struct CheckpointConfig {
   int64_t every_steps = 0;       // 0 = only at the end
   int64_t keep_last = 2;         // periodic checkpoints kept on disk (the final one is always kept)
@@ -105,6 +110,7 @@ struct Config {
   LossConfig loss;
   TrainerConfig trainer;
   TuningConfig tuning;
+  PrecisionConfig precision;
   CheckpointConfig checkpoint;
   LoggingConfig logging;
 

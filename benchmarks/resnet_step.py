@@ -1,0 +1,74 @@
+"""One ResNet training step in Python PyTorch eager, timed exactly like resnet_step.cpp.
+
+torchvision's resnet{18,34,50}, SGD(momentum 0.9, weight decay 5e-5 without decay on biases
+and norm weights, as train's optimizer groups them), cross-entropy, optional bf16 autocast and
+channels_last, a fixed synthetic batch already on the device. Prints one JSON line.
+"""
+import argparse
+import json
+import time
+
+import torch
+import torchvision
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--depth", type=int, default=50)
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--warmup", type=int, default=15)
+    p.add_argument("--window", type=int, default=5)
+    p.add_argument("--image", type=int, default=224)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
+    p.add_argument("--channels-last", type=int, default=1)
+    a = p.parse_args()
+
+    device = torch.device(a.device)
+    torch.backends.cudnn.benchmark = device.type == "cuda"
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    torch.manual_seed(0)
+    model = getattr(torchvision.models, f"resnet{a.depth}")(num_classes=1000).to(device)
+    memory_format = torch.channels_last if a.channels_last else torch.contiguous_format
+    model = model.to(memory_format=memory_format)
+    decay = [q for q in model.parameters() if q.dim() > 1]
+    no_decay = [q for q in model.parameters() if q.dim() <= 1]
+    optimizer = torch.optim.SGD(
+        [{"params": decay, "weight_decay": 5e-5}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=0.1, momentum=0.9)  # PyTorch's default: the multi-tensor (foreach) path on CUDA
+    x = torch.randn(a.batch, 3, a.image, a.image, device=device).contiguous(memory_format=memory_format)
+    y = torch.randint(0, 1000, (a.batch,), device=device)
+    bf16 = a.precision == "bf16"
+
+    def step():
+        optimizer.zero_grad()
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            loss = torch.nn.functional.cross_entropy(model(x).float(), y)
+        loss.backward()
+        optimizer.step()
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    for _ in range(a.warmup):
+        step()
+    sync()
+    rates = []
+    for _ in range(0, a.steps, a.window):
+        t0 = time.perf_counter()
+        for _ in range(a.window):
+            step()
+        sync()
+        rates.append(a.batch * a.window / (time.perf_counter() - t0))
+    rates.sort()
+    print(json.dumps({"impl": "python", "depth": a.depth, "batch": a.batch, "image": a.image,
+                      "precision": a.precision, "channels_last": bool(a.channels_last),
+                      "windows": len(rates), "img_per_s": rates[len(rates) // 2],
+                      "min": rates[0], "max": rates[-1]}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
