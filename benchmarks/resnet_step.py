@@ -23,6 +23,8 @@ def main():
     p.add_argument("--device", default="cuda")
     p.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
     p.add_argument("--channels-last", type=int, default=1)
+    p.add_argument("--foreach", type=int, default=-1,
+                   help="SGD multi-tensor path: -1 = PyTorch's default (on for CUDA), 0 = per-tensor loop like LibTorch")
     a = p.parse_args()
 
     device = torch.device(a.device)
@@ -37,7 +39,7 @@ def main():
     no_decay = [q for q in model.parameters() if q.dim() <= 1]
     optimizer = torch.optim.SGD(
         [{"params": decay, "weight_decay": 5e-5}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=0.1, momentum=0.9)  # PyTorch's default: the multi-tensor (foreach) path on CUDA
+        lr=0.1, momentum=0.9, foreach=None if a.foreach < 0 else bool(a.foreach))
     x = torch.randn(a.batch, 3, a.image, a.image, device=device).contiguous(memory_format=memory_format)
     y = torch.randint(0, 1000, (a.batch,), device=device)
     bf16 = a.precision == "bf16"
@@ -65,7 +67,7 @@ def main():
         rates.append(a.batch * a.window / (time.perf_counter() - t0))
     rates.sort()
     print(json.dumps({"impl": "python", "depth": a.depth, "batch": a.batch, "image": a.image,
-                      "precision": a.precision, "channels_last": bool(a.channels_last),
+                      "precision": a.precision, "channels_last": bool(a.channels_last), "foreach": a.foreach,
                       "windows": len(rates), "img_per_s": rates[len(rates) // 2],
                       "min": rates[0], "max": rates[-1]}), flush=True)
 

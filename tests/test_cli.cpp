@@ -60,7 +60,7 @@ TEST_CASE("cli: an invalid config exits 2 and writes nothing", "[cli]") {
   CHECK_FALSE(train::files::exists(run_dir));
 }
 
-TEST_CASE("cli: fit writes the run directory; a second fit needs --resume", "[cli]") {
+TEST_CASE("cli: fit writes the run directory, and a second fit needs --resume", "[cli]") {
   TempDir tmp("fit");
   const std::string cfg = tmp.write("run.yaml", kSynthetic);
   const std::string run_dir = tmp / "run";

@@ -391,7 +391,7 @@ TEST_CASE("rules across keys are checked", "[config]") {
   }
 }
 
-TEST_CASE("--set overrides are typed, checked and applied after the file", "[config]") {
+TEST_CASE("overrides (--set) are typed, checked and applied after the file", "[config]") {
   SECTION("applied") {
     const Config c = parse_config(
         kRequired, "test.yaml",
