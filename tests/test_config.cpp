@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <unistd.h>
 #include <tuple>
@@ -493,4 +494,12 @@ TEST_CASE("load_config reads a file and names it in errors", "[config]") {
   const std::string missing = temp_path("train_test_config_missing.yaml");
   CHECK_THROWS_AS(train::load_config(missing), ConfigError);
   CHECK_THROWS_WITH(train::load_config(missing), Contains(missing) && Contains("cannot open"));
+}
+
+TEST_CASE("docs/config.md is the generated reference", "[config]") {
+  std::ifstream in(std::string(TRAIN_SOURCE_DIR) + "/docs/config.md");
+  REQUIRE(in.good());
+  const std::string committed((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  INFO("docs/config.md is stale; regenerate it: build/bin/train config --reference > docs/config.md");
+  CHECK(committed == train::config_reference());
 }
