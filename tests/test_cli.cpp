@@ -1,6 +1,7 @@
 #include "testing.h"
 
 #include <train/cli.h>
+#include <train/doctor.h>
 #include <train/errors.h>
 #include <train/files.h>
 
@@ -57,6 +58,7 @@ TEST_CASE("cli: an invalid config exits 2 and writes nothing", "[cli]") {
                                                    "trainer: {global_batch: 8, epochs: 1}\n"),
              "--run-dir", run_dir}) == train::kExitInvalid);
   CHECK(cli({"fit", good, "--run-dir", run_dir, "--resume", tmp / "nope.pt"}) == train::kExitInvalid);
+  CHECK(cli({"fit", good, "--run-dir", run_dir, "--resume", tmp.write("corrupt.pt", "garbage")}) == train::kExitInvalid);
   CHECK_FALSE(train::files::exists(run_dir));
 }
 
@@ -76,4 +78,18 @@ TEST_CASE("cli: fit writes the run directory, and a second fit needs --resume", 
   CHECK(cli({"eval", cfg, "--checkpoint", train::files::join(run_dir, "checkpoints/step_00000003.pt")}) ==
         train::kExitOk);
   CHECK(cli({"plan", cfg, "--json"}) == train::kExitOk);
+}
+
+TEST_CASE("cli: doctor and plan --device", "[cli]") {
+  CHECK(cli({"doctor"}) == train::kExitOk);  // every smoke test passes on this machine
+  CHECK(cli({"doctor", "--json"}) == train::kExitOk);
+  CHECK_THAT(train::cuda_failure_hint("CUDA error: no kernel image is available for execution on the device"),
+             Catch::Contains("compute capability"));
+  CHECK_THAT(train::cuda_failure_hint("CUDA driver version is insufficient for CUDA runtime version"),
+             Catch::Contains("driver"));
+  CHECK(train::cuda_failure_hint("something else").empty());
+  TempDir tmp("plan");
+  const std::string cfg = tmp.write("run.yaml", std::string(kSynthetic) + "tuning: {cache_dir: " + tmp.path + "}\n");
+  CHECK(cli({"plan", cfg, "--device", "a100-80gb", "--json"}) == train::kExitOk);
+  CHECK(cli({"plan", cfg, "--device", "a100-80"}) == train::kExitInvalid);  // unknown profile
 }

@@ -66,7 +66,10 @@ auto fields(const train::TrainerConfig& t) {
   return std::tie(t.epochs, t.max_steps, t.global_batch, t.eval_every_steps, t.eval_batch, t.seed,
                   t.device, t.threads);
 }
-auto fields(const train::TuningConfig& t) { return std::tie(t.micro_batch, t.max_micro_batch); }
+auto fields(const train::TuningConfig& t) {
+  return std::tie(t.device, t.batch, t.lr_scaling, t.base_batch, t.max_global_batch, t.micro_batch,
+                  t.max_micro_batch, t.probe, t.memory_fraction, t.cache_dir);
+}
 auto fields(const train::PrecisionConfig& p) { return std::tie(p.mode, p.channels_last); }
 auto fields(const train::CheckpointConfig& c) { return std::tie(c.every_steps, c.keep_last); }
 auto fields(const train::LoggingConfig& l) { return std::tie(l.every_steps, l.level, l.jsonl); }
@@ -138,6 +141,14 @@ Config unusual_config() {
   c.trainer.seed = 42;
   c.trainer.device = "cuda:1";
   c.trainer.threads = 4;
+  c.tuning.device = "a100-80gb";
+  c.tuning.batch = "scale";
+  c.tuning.lr_scaling = "sqrt";
+  c.tuning.base_batch = 256;
+  c.tuning.max_global_batch = 4096;
+  c.tuning.probe = false;
+  c.tuning.memory_fraction = 0.85;
+  c.tuning.cache_dir = "/tmp/plan cache";
   c.tuning.micro_batch = 64;
   c.tuning.max_micro_batch = 128;
   c.precision.mode = "bf16";

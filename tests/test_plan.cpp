@@ -180,3 +180,64 @@ TEST_CASE("plan: precision and layout per device", "[plan]") {
   off.precision.channels_last = "off";
   CHECK_FALSE(make_plan(off, gpu_profile(9), conv).channels_last);
 }
+
+TEST_CASE("plan: measured memory bounds the micro-batch and keeps the global batch exact", "[plan]") {
+  Config c = base_config(256);
+  PlanInputs in;
+  in.memory.max_micro_batch = 100;  // largest divisor of 256 within 100 is 64
+  in.memory.fixed_bytes = int64_t{2} << 30;
+  in.memory.per_sample_bytes = 38.0 * (1 << 20);
+  in.memory.budget_bytes = int64_t{72} << 30;
+  in.memory.source = "probe on cuda:0 at 8, 16, 32";
+  const Plan p = make_plan(c, gpu_profile(8), in);
+  CHECK(p.micro_batch == 64);
+  CHECK(p.accum_steps == 4);
+  CHECK(p.global_batch == 256);
+  CHECK(p.lr == Approx(c.optim.lr));
+  CHECK_THAT(p.to_text(), Catch::Contains("measured memory fits 100") && Catch::Contains("38 MiB/sample"));
+
+  in.memory.throughput_choice = 32;  // doubling past 32 gained < 5%
+  const Plan q = make_plan(c, gpu_profile(8), in);
+  CHECK(q.micro_batch == 32);
+  CHECK(q.accum_steps == 8);
+  CHECK_THAT(q.to_text(), Catch::Contains("gained < 5%"));
+}
+
+TEST_CASE("plan: scale mode grows the global batch and scales the LR", "[plan]") {
+  Config c = base_config(256);
+  c.tuning.batch = "scale";
+  c.optim.lr = 0.1;
+  PlanInputs in;
+  in.memory.max_micro_batch = 1500;  // -> power of two 1024
+  Plan p = make_plan(c, gpu_profile(8), in);
+  CHECK(p.scaled_batch);
+  CHECK(p.global_batch == 1024);
+  CHECK(p.micro_batch == 1024);
+  CHECK(p.accum_steps == 1);
+  CHECK(p.lr == Approx(0.4));  // linear: 0.1 x 1024 / 256
+
+  c.tuning.lr_scaling = "sqrt";
+  CHECK(make_plan(c, gpu_profile(8), in).lr == Approx(0.2));
+  c.tuning.lr_scaling = "none";
+  CHECK(make_plan(c, gpu_profile(8), in).lr == Approx(0.1));
+
+  c.tuning.lr_scaling = "linear";
+  c.tuning.max_global_batch = 512;
+  CHECK(make_plan(c, gpu_profile(8), in).global_batch == 512);
+
+  // Gradual warmup when the LR was scaled up and none is configured.
+  c.tuning.max_global_batch = 0;
+  p = make_plan(c, gpu_profile(8), in);
+  finalize_schedule(p, c, 1024 * 100);  // 100 steps/epoch, 2 epochs
+  CHECK(p.warmup_steps == 20);          // min(5 epochs, 10% of 200)
+
+  // Without a memory measurement, scale mode keeps the configured batch.
+  const Plan cpu = make_plan(c, cpu_profile(), {});
+  CHECK_FALSE(cpu.scaled_batch);
+  CHECK(cpu.global_batch == 256);
+  CHECK(cpu.lr == Approx(0.1));
+
+  // Fixed mode never changes the global batch, whatever the memory.
+  c.tuning.batch = "fixed";
+  CHECK(make_plan(c, gpu_profile(8), in).global_batch == 256);
+}

@@ -259,3 +259,36 @@ TEST_CASE("cuda: the plan picks bf16 + channels_last on a tensor-core GPU and tr
     CHECK(p.scalar_type() == torch::kFloat);  // master weights stay fp32 under autocast
   }
 }
+
+TEST_CASE("plan: one config, planned for a T4 and an A100, keeps the global batch", "[plan][probe]") {
+  const std::string cache = files::make_temp_directory("train_plan_devices_");
+  const std::string yaml =
+      "model: {name: resnet50, num_classes: 1000}\n"
+      "data: {kind: synthetic, channels: 3, image_size: 224, synthetic_train_samples: 4096}\n"
+      "trainer: {global_batch: 256, epochs: 1}\n"
+      "tuning: {cache_dir: '" + cache + "'}\n";
+  const RunParts t4 = prepare_run(parse_config(yaml, "r50.yaml", {"tuning.device=t4"}));
+  const RunParts a100 = prepare_run(parse_config(yaml, "r50.yaml", {"tuning.device=a100-80gb"}));
+  CHECK(t4.plan.global_batch == 256);
+  CHECK(a100.plan.global_batch == 256);
+  CHECK(t4.plan.precision == "fp32");
+  CHECK(a100.plan.precision == "bf16");
+  CHECK(t4.plan.memory.estimate);
+  CHECK(t4.plan.memory.max_micro_batch < a100.plan.memory.max_micro_batch);
+  CHECK(t4.plan.micro_batch < a100.plan.micro_batch);  // 16 GB fp32 cannot hold 256 ResNet-50 samples
+  CHECK(t4.plan.accum_steps > 1);
+  CHECK(a100.plan.accum_steps == 1);
+  CHECK(t4.plan.micro_batch * t4.plan.accum_steps == 256);
+
+  // Scale mode grows the batch on the A100 and scales the LR linearly.
+  const RunParts scaled =
+      prepare_run(parse_config(yaml, "r50.yaml", {"tuning.device=a100-80gb", "tuning.batch=scale"}));
+  CHECK(scaled.plan.global_batch > 256);
+  CHECK(scaled.plan.lr == Approx(scaled.config.optim.lr * scaled.plan.global_batch / 256.0));
+
+  // The second identical request is served from the plan cache.
+  const RunParts again = prepare_run(parse_config(yaml, "r50.yaml", {"tuning.device=t4"}));
+  CHECK_THAT(again.plan.memory.source, Catch::Contains("plan cache"));
+  CHECK(again.plan.micro_batch == t4.plan.micro_batch);
+  files::remove_all(cache);
+}

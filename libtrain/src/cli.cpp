@@ -10,6 +10,7 @@
 #include "atomic_file.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
+#include "train/doctor.h"
 #include "train/errors.h"
 #include "train/files.h"
 #include "train/log.h"
@@ -61,7 +62,8 @@ int cmd_check(const CommonArgs& args) {
   return kExitOk;
 }
 
-int cmd_plan(const CommonArgs& args, bool json) {
+int cmd_plan(CommonArgs args, bool json, const std::string& device) {
+  if (!device.empty()) args.sets.push_back("tuning.device=" + device);
   const Config config = load_config(args.config, args.sets);
   const RunParts run = prepare_run(config);
   std::cout << (json ? run.plan.to_json() + "\n" : run.plan.to_text());
@@ -82,6 +84,11 @@ int cmd_fit(const CommonArgs& args, std::string run_dir, const std::string& resu
   }
   RunParts run = prepare_run(config);
   log::set_level(config.logging.level);
+  // Resolve and validate the checkpoint now, so that a corrupt or mismatching one is rejected
+  // before anything is written (the trainer loads it again, with the optimizer).
+  const std::string resume_path = resume == "auto" ? latest_checkpoint(ckpt_dir) : resume;
+  if (resume == "auto" && resume_path.empty()) log::info("--resume auto: no checkpoint in " + ckpt_dir + "; starting fresh");
+  if (!resume_path.empty()) load_checkpoint(resume_path, *run.model, nullptr);
 
   files::make_directories(run_dir);
   log::set_file(files::join(run_dir, "train.log"));
@@ -98,7 +105,7 @@ int cmd_fit(const CommonArgs& args, std::string run_dir, const std::string& resu
   FitResult result;
   {
     ScopedStopHandler stop(trainer);
-    result = trainer.fit(resume);
+    result = trainer.fit(resume_path);
   }
   log::info(log::str("done: ", result.steps, " steps in ", format_duration(result.seconds), "; data wait ",
                      100.0 * result.data_wait_fraction, "% of loop time",
@@ -148,6 +155,13 @@ int run_cli(int argc, char** argv) {
   auto* plan = app.add_subcommand("plan", "Print the resolved plan for this device without training");
   add_common(plan, plan_args);
   plan->add_flag("--json", plan_json, "Print JSON");
+  std::string plan_device;
+  plan->add_option("--device", plan_device,
+                   "Plan for a named device profile instead of this machine's (e.g. t4, a100-80gb, h100, cpu)");
+
+  bool doctor_json_flag = false;
+  auto* doctor = app.add_subcommand("doctor", "Check LibTorch, CUDA, the GPU and the BLAS, with hints");
+  doctor->add_flag("--json", doctor_json_flag, "Print JSON");
 
   auto* config_cmd = app.add_subcommand("config", "Config schema tools");
   config_cmd->add_flag("--reference", reference, "Print the reference of every config key (Markdown)")->required();
@@ -163,7 +177,15 @@ int run_cli(int argc, char** argv) {
     if (fit->parsed()) return cmd_fit(fit_args, run_dir, resume);
     if (eval->parsed()) return cmd_eval(eval_args, checkpoint);
     if (check->parsed()) return cmd_check(check_args);
-    if (plan->parsed()) return cmd_plan(plan_args, plan_json);
+    if (plan->parsed()) return cmd_plan(plan_args, plan_json, plan_device);
+    if (doctor->parsed()) {
+      const auto checks = run_doctor();
+      std::cout << (doctor_json_flag ? doctor_json(checks) + "\n" : doctor_text(checks));
+      for (const auto& c : checks) {
+        if (c.status == "fail") return kExitRuntime;
+      }
+      return kExitOk;
+    }
     if (config_cmd->parsed()) {
       std::cout << config_reference();
       return kExitOk;

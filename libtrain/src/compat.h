@@ -66,3 +66,53 @@ inline void set_autocast_dtype(c10::DeviceType device, c10::ScalarType dtype) {
 }
 
 }  // namespace train::compat
+
+// ---------------------------------------------------------------------------------------------
+// Allocators (the memory probe's counting CPU allocator, CUDA allocator statistics).
+// ---------------------------------------------------------------------------------------------
+namespace train::compat {
+
+// Base for allocators of host memory. 2.3 made c10::Allocator::allocate non-const and added the
+// pure virtual copy_data; subclasses implement allocate_bytes once for every version.
+class HostAllocatorBase : public c10::Allocator {
+ public:
+#if TRAIN_TORCH_AT_LEAST(2, 3)
+  c10::DataPtr allocate(size_t bytes) override { return allocate_bytes(bytes); }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);  // host memory: memcpy
+  }
+#else
+  // 1.13 declares allocate const although allocators keep state; no allocator object is itself
+  // const, so casting the qualifier away is well defined.
+  c10::DataPtr allocate(size_t bytes) const override {
+    return const_cast<HostAllocatorBase*>(this)->allocate_bytes(bytes);
+  }
+#endif
+
+ protected:
+  virtual c10::DataPtr allocate_bytes(size_t bytes) = 0;
+};
+
+}  // namespace train::compat
+
+#ifdef TRAIN_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+
+namespace train::compat {
+
+struct CudaAllocatedBytes {
+  int64_t current = 0;  // held by live tensors now
+  int64_t peak = 0;     // most held at once since the last resetPeakStats
+};
+
+// Bytes the CUDA caching allocator has handed out on `device`. The enum that names the aggregate
+// statistic (StatType) moved from c10::cuda::CUDACachingAllocator to c10::CachingAllocator during
+// 2.x; its index, 0, is the same in every version.
+inline CudaAllocatedBytes cuda_allocated_bytes(c10::DeviceIndex device) {
+  constexpr size_t kAggregate = 0;
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device);
+  return {stats.allocated_bytes[kAggregate].current, stats.allocated_bytes[kAggregate].peak};
+}
+
+}  // namespace train::compat
+#endif  // TRAIN_WITH_CUDA

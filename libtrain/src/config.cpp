@@ -274,12 +274,34 @@ std::vector<Key> build_schema() {
               "intra-op CPU threads; 0 = the cores available to the process")
           .at_least(0),
 
+      tuning("device", &TuningConfig::device,
+             "plan for this named device profile instead of the detected one (train plan --device)"),
+      tuning("batch", &TuningConfig::batch,
+             "fixed = the same global batch on every device; scale = grow it with the memory available")
+          .one_of({"fixed", "scale"}),
+      tuning("lr_scaling", &TuningConfig::lr_scaling,
+             "scale mode: how optim.lr follows the global batch relative to base_batch")
+          .one_of({"linear", "sqrt", "none"}),
+      tuning("base_batch", &TuningConfig::base_batch,
+             "the global batch optim.lr was tuned for; 0 = trainer.global_batch")
+          .at_least(0),
+      tuning("max_global_batch", &TuningConfig::max_global_batch,
+             "scale mode: upper bound for the grown global batch; 0 = 32 x base_batch")
+          .at_least(0),
       tuning("micro_batch", &TuningConfig::micro_batch,
              "per-device micro-batch (at most global_batch); 0 = the plan chooses")
           .at_least(0),
       tuning("max_micro_batch", &TuningConfig::max_micro_batch,
              "upper bound for the plan's micro-batch choice; 0 = none")
           .at_least(0),
+      tuning("probe", &TuningConfig::probe,
+             "measure memory and throughput to choose the micro-batch on a GPU"),
+      tuning("memory_fraction", &TuningConfig::memory_fraction,
+             "share of the device's free memory the plan may fill")
+          .above(0)
+          .at_most(1),
+      tuning("cache_dir", &TuningConfig::cache_dir,
+             "plan cache directory; empty = $XDG_CACHE_HOME/train/plans or ~/.cache/train/plans"),
 
       precision("mode", &PrecisionConfig::mode,
                 "auto = bf16 autocast on GPUs with compute capability >= 8.0, else fp32")

@@ -16,6 +16,33 @@ std::string num(double v) {
   return out.str();
 }
 
+int64_t pow2_at_most(int64_t n) {
+  int64_t p = 1;
+  while (p * 2 <= n) p *= 2;
+  return p;
+}
+
+std::string gib(double bytes) {
+  std::ostringstream out;
+  out.precision(3);
+  out << bytes / (1024.0 * 1024.0 * 1024.0) << " GiB";
+  return out.str();
+}
+
+std::string mib(double bytes) {
+  std::ostringstream out;
+  out.precision(3);
+  out << bytes / (1024.0 * 1024.0) << " MiB";
+  return out.str();
+}
+
+std::string describe_memory(const MemoryEvidence& m) {
+  std::string s = (m.estimate ? "estimate: " : "measured: ") + gib(static_cast<double>(m.fixed_bytes)) + " fixed + " +
+                  mib(m.per_sample_bytes) + "/sample, budget " + gib(static_cast<double>(m.budget_bytes));
+  if (!m.source.empty()) s += " (" + m.source + ")";
+  return s;
+}
+
 // Largest divisor of n that is <= cap.
 int64_t largest_divisor_at_most(int64_t n, int64_t cap) {
   for (int64_t d = std::min(n, cap); d >= 1; --d) {
@@ -38,6 +65,32 @@ Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInpu
   };
   decide("device", device.device_string(), device.summary());
 
+  plan.memory = inputs.memory;
+  const MemoryEvidence& mem = inputs.memory;
+  const bool scale_mode = config.tuning.batch == "scale";
+  const int64_t base_batch = config.tuning.base_batch > 0 ? config.tuning.base_batch : config.trainer.global_batch;
+
+  // ---- scale mode: grow the global batch with the memory available (accumulation 1) ----
+  if (scale_mode && config.tuning.micro_batch == 0 && mem.max_micro_batch > 0) {
+    const int64_t limit = config.tuning.max_global_batch > 0 ? config.tuning.max_global_batch : 32 * base_batch;
+    int64_t micro = pow2_at_most(mem.max_micro_batch);
+    if (mem.throughput_choice > 0) micro = std::min(micro, mem.throughput_choice);
+    micro = std::min(micro, std::max<int64_t>(1, limit / plan.world_size));
+    if (micro * plan.world_size > plan.global_batch) {
+      plan.global_batch = micro * plan.world_size;
+      plan.scaled_batch = true;
+    }
+    decide("global_batch", std::to_string(plan.global_batch),
+           plan.scaled_batch ? "tuning.batch scale: micro-batch " + std::to_string(micro) + " x world " +
+                                   std::to_string(plan.world_size) + " (memory allows " +
+                                   std::to_string(mem.max_micro_batch) + "; cap " + std::to_string(limit) + ")"
+                             : "tuning.batch scale: memory allows no more than trainer.global_batch");
+  } else {
+    decide("global_batch", std::to_string(plan.global_batch),
+           scale_mode ? "tuning.batch scale, but no memory measurement on this device: trainer.global_batch"
+                      : "trainer.global_batch (tuning.batch fixed: the same on every device)");
+  }
+
   // ---- batch arithmetic: global = micro x accum x world ----
   if (plan.global_batch % plan.world_size != 0) {
     throw ConfigError("key 'trainer.global_batch': " + std::to_string(plan.global_batch) +
@@ -55,24 +108,58 @@ Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInpu
                         std::to_string(plan.world_size) + "), so the global batch would not be exact");
     }
     micro_reason = "set by tuning.micro_batch";
-  } else if (config.tuning.max_micro_batch > 0 && per_rank > config.tuning.max_micro_batch) {
-    plan.micro_batch = largest_divisor_at_most(per_rank, config.tuning.max_micro_batch);
-    micro_reason = "largest divisor of the per-rank batch " + std::to_string(per_rank) +
-                   " within tuning.max_micro_batch " + std::to_string(config.tuning.max_micro_batch);
+    if (mem.max_micro_batch > 0 && plan.micro_batch > mem.max_micro_batch) {
+      micro_reason += "; WARNING: the memory model predicts at most " + std::to_string(mem.max_micro_batch);
+    }
   } else {
-    plan.micro_batch = per_rank;
-    micro_reason = "whole per-rank batch in one pass (global " + std::to_string(plan.global_batch) +
-                   " / world " + std::to_string(plan.world_size) + ")";
+    int64_t cap = per_rank;
+    std::vector<std::string> why;
+    if (config.tuning.max_micro_batch > 0 && config.tuning.max_micro_batch < cap) {
+      cap = config.tuning.max_micro_batch;
+      why.push_back("tuning.max_micro_batch " + std::to_string(cap));
+    }
+    if (mem.max_micro_batch > 0 && mem.max_micro_batch < cap) {
+      cap = mem.max_micro_batch;
+      why.push_back(std::string(mem.estimate ? "estimated" : "measured") + " memory fits " + std::to_string(cap));
+    }
+    if (mem.throughput_choice > 0 && mem.throughput_choice < cap) {
+      cap = mem.throughput_choice;
+      why.push_back("throughput: doubling beyond " + std::to_string(cap) + " gained < 5%");
+    }
+    plan.micro_batch = largest_divisor_at_most(per_rank, cap);
+    if (why.empty()) {
+      micro_reason = "whole per-rank batch in one pass (global " + std::to_string(plan.global_batch) + " / world " +
+                     std::to_string(plan.world_size) + ")";
+    } else {
+      micro_reason = "largest divisor of the per-rank batch " + std::to_string(per_rank) + " within ";
+      for (size_t i = 0; i < why.size(); ++i) micro_reason += (i ? "; " : "") + why[i];
+    }
   }
+  if (mem.max_micro_batch > 0 || mem.per_sample_bytes > 0) micro_reason += "; " + describe_memory(mem);
   plan.accum_steps = per_rank / plan.micro_batch;
   decide("micro_batch", std::to_string(plan.micro_batch), micro_reason);
   decide("accum_steps", std::to_string(plan.accum_steps),
          std::to_string(plan.micro_batch) + " x " + std::to_string(plan.accum_steps) + " x world " +
              std::to_string(plan.world_size) + " = global " + std::to_string(plan.global_batch));
 
-  // ---- learning rate (fixed batch: the config's LR is used as is) ----
-  plan.lr = config.optim.lr;
-  decide("lr", num(plan.lr), "optim.lr; the global batch is fixed, so no scaling");
+  // ---- learning rate: scaled only when the global batch differs from the one lr was tuned for ----
+  const double ratio = static_cast<double>(plan.global_batch) / static_cast<double>(base_batch);
+  const std::string& rule = config.tuning.lr_scaling;
+  if (ratio == 1.0 || rule == "none") {
+    plan.lr_scale = 1.0;
+  } else {
+    plan.lr_scale = rule == "sqrt" ? std::sqrt(ratio) : ratio;
+  }
+  plan.lr = config.optim.lr * plan.lr_scale;
+  if (ratio == 1.0) {
+    decide("lr", num(plan.lr), "optim.lr: the global batch equals the batch it was tuned for (" +
+                                   std::to_string(base_batch) + ")");
+  } else {
+    decide("lr", num(plan.lr),
+           "optim.lr " + num(config.optim.lr) + " x " + num(plan.lr_scale) + " (" + rule + " rule, global " +
+               std::to_string(plan.global_batch) + " / base " + std::to_string(base_batch) + ")" +
+               (rule == "linear" ? "; Goyal et al. 2017" : rule == "sqrt" ? "; the usual choice for Adam-family" : ""));
+  }
 
   // ---- precision ----
   const std::string cc = std::to_string(device.cc_major) + "." + std::to_string(device.cc_minor);
@@ -158,6 +245,12 @@ void finalize_schedule(Plan& plan, const Config& config, int64_t train_samples) 
   }
   plan.warmup_steps = config.schedule.warmup_steps +
                       static_cast<int64_t>(std::llround(config.schedule.warmup_epochs * plan.steps_per_epoch));
+  std::string warmup_reason = "schedule.warmup_steps + warmup_epochs x steps/epoch";
+  if (plan.lr_scale > 1.0 && plan.warmup_steps == 0) {
+    // A scaled-up LR needs a gradual warmup (Goyal et al. 2017 use 5 epochs).
+    plan.warmup_steps = std::min<int64_t>(5 * plan.steps_per_epoch, plan.total_steps / 10);
+    warmup_reason = "lr scaled x" + num(plan.lr_scale) + " with no warmup configured: min(5 epochs, 10% of training)";
+  }
   plan.warmup_steps = std::min(plan.warmup_steps, plan.total_steps);
   plan.decisions.push_back({"total_steps", std::to_string(plan.total_steps),
                             std::to_string(plan.steps_per_epoch) + " steps/epoch over " +
@@ -165,8 +258,7 @@ void finalize_schedule(Plan& plan, const Config& config, int64_t train_samples) 
                                 (plan.total_steps == config.trainer.max_steps ? "; capped by trainer.max_steps"
                                                                               : "; trainer.epochs " +
                                                                                     std::to_string(config.trainer.epochs))});
-  plan.decisions.push_back({"warmup_steps", std::to_string(plan.warmup_steps),
-                            "schedule.warmup_steps + warmup_epochs x steps/epoch"});
+  plan.decisions.push_back({"warmup_steps", std::to_string(plan.warmup_steps), warmup_reason});
 }
 
 std::string Plan::to_text() const {
@@ -193,6 +285,8 @@ std::string Plan::to_json() const {
       .add("global_batch", global_batch)
       .add("world_size", world_size)
       .add("lr", lr)
+      .add("lr_scale", lr_scale)
+      .add("scaled_batch", scaled_batch)
       .add("warmup_steps", warmup_steps)
       .add("steps_per_epoch", steps_per_epoch)
       .add("total_steps", total_steps)
@@ -205,6 +299,13 @@ std::string Plan::to_json() const {
       .add("prefetch", prefetch)
       .add("pin_memory", pin_memory)
       .add("model_params", model_params)
+      .add("memory_fixed_bytes", memory.fixed_bytes)
+      .add("memory_per_sample_bytes", memory.per_sample_bytes)
+      .add("memory_budget_bytes", memory.budget_bytes)
+      .add("memory_max_micro_batch", memory.max_micro_batch)
+      .add("memory_is_estimate", memory.estimate)
+      .add("memory_source", memory.source)
+      .add("device_named", device.named)
       .add("torch_version", device.torch_version);
   std::string json = r.to_json();
   // Append the decisions with their reasons.

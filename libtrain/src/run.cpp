@@ -2,21 +2,153 @@
 
 #include <torch/torch.h>
 
+#include <chrono>
+
 #include "compat.h"
 #include "train/data/factory.h"
 #include "train/errors.h"
+#include "train/log.h"
+#include "train/plan_cache.h"
+#include "train/probe.h"
 
 namespace train {
+namespace {
+
+// Parameter count and the hash of every parameter's name and shape.
+std::string model_signature(const torch::nn::Module& model) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](const std::string& s) {
+    for (unsigned char c : s) {
+      h ^= c;
+      h *= 1099511628211ull;
+    }
+  };
+  for (const auto& p : model.named_parameters()) {
+    mix(p.key());
+    for (int64_t d : p.value().sizes()) mix("," + std::to_string(d));
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
+  return std::to_string(models::count_parameters(model)) + " params, shapes " + buf;
+}
+
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string s;
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? "x" : "") + std::to_string(shape[i]);
+  return s;
+}
+
+PlanCacheKey cache_key(const Config& config, const DeviceProfile& device, const Plan& draft, const models::Model& model,
+                       const std::vector<int64_t>& input_shape, int world_size) {
+  PlanCacheKey key;
+  key.add("device", device.is_cuda() ? device.name + (device.named ? " (named)" : "") : "cpu: " + device.name);
+  key.add("memory_gib", std::to_string(device.total_memory >> 30));
+  key.add("compute_capability", std::to_string(device.cc_major) + "." + std::to_string(device.cc_minor));
+  key.add("libtorch", device.torch_version);
+  key.add("cuda", device.cuda_version.empty() ? "none" : device.cuda_version);
+#ifdef TRAIN_WITH_CUDA
+  key.add("cudnn", torch::cuda::is_available() ? std::to_string(at::detail::getCUDAHooks().versionCuDNN()) : "none");
+#endif
+  key.add("model", model_signature(model));
+  key.add("input", shape_string(input_shape));
+  key.add("world_size", std::to_string(world_size));
+  key.add("precision", draft.precision + (draft.channels_last ? ", channels_last" : ""));
+  key.add("optimizer", config.optim.name);
+  key.add("memory_fraction", std::to_string(config.tuning.memory_fraction));
+  key.add("batch_mode", config.tuning.batch);  // scale mode probes throughput beyond the per-rank batch
+  key.add("per_rank_batch", std::to_string(config.trainer.global_batch / std::max(1, world_size)));
+  return key;
+}
+
+// Measures (or, for a named device, estimates) memory per micro-batch and, on a real GPU,
+// throughput per micro-batch. Empty evidence when the user fixed the micro-batch.
+MemoryEvidence gather_evidence(const Config& config, const DeviceProfile& device, const Plan& draft,
+                               models::Model& model, const std::vector<int64_t>& input_shape, int64_t num_classes,
+                               int world_size) {
+  MemoryEvidence evidence;
+  if (config.tuning.micro_batch > 0 || !config.tuning.probe) return evidence;
+  // On a CPU the whole per-rank batch is one pass in fixed mode: host memory is rarely the limit,
+  // so the probe only runs when the batch may grow.
+  if (!device.is_cuda() && config.tuning.batch != "scale") return evidence;
+  PlanCache cache(config.tuning.cache_dir);
+  const PlanCacheKey key = cache_key(config, device, draft, model, input_shape, world_size);
+  const std::string scope = config.source.empty() ? config.model.name : config.source;
+  if (auto hit = cache.find(key)) {
+    log::info("plan cache hit: " + cache.dir() + "/" + key.hash() + ".json (no probe)");
+    return *hit;
+  }
+  for (const auto& change : cache.changes(key, scope)) log::info("plan cache miss: " + change);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  ProbeOptions options;
+  options.input_shape = input_shape;
+  options.num_classes = num_classes;
+  options.optim = config.optim;
+  const bool probe_here = !device.named;  // a named device is planned from a probe on this machine
+  options.device = probe_here ? device.device_string() : "cpu";
+  options.bf16 = probe_here && draft.precision == "bf16";
+  options.channels_last = probe_here && draft.channels_last;
+  const std::vector<int64_t> batches = device.is_cuda() && probe_here ? std::vector<int64_t>{8, 16, 32}
+                                                                       : std::vector<int64_t>{2, 4};
+  MemoryFit fit = probe_memory(model, options, batches);
+  evidence.fixed_bytes = fit.fixed_bytes;
+  evidence.per_sample_bytes = fit.per_sample_bytes;
+  const int64_t free_bytes = device.named ? device.total_memory : device.free_memory;
+  evidence.budget_bytes = static_cast<int64_t>(static_cast<double>(free_bytes) * config.tuning.memory_fraction);
+  std::string batch_list;
+  for (size_t i = 0; i < batches.size(); ++i) batch_list += (i ? ", " : "") + std::to_string(batches[i]);
+  evidence.source = "probe on " + options.device + (options.bf16 ? " (bf16)" : "") + " at " + batch_list;
+  if (device.named) {
+    // Activations dominate the per-sample cost and halve in bf16/fp16; weights, gradients and
+    // optimizer state stay fp32. The CUDA context and cuDNN workspaces take about 1 GiB.
+    evidence.estimate = true;
+    if (draft.precision != "fp32") fit.per_sample_bytes *= 0.5;
+    fit.fixed_bytes += int64_t{1} << 30;
+    evidence.fixed_bytes = fit.fixed_bytes;
+    evidence.per_sample_bytes = fit.per_sample_bytes;
+    evidence.source += ", converted to " + draft.precision + " on " + device.name;
+  }
+  evidence.max_micro_batch = fit.max_batch(evidence.budget_bytes);
+
+  if (device.is_cuda() && probe_here && evidence.max_micro_batch > 0) {
+    // Throughput at powers of two up to what fits and what the per-rank batch needs.
+    const int64_t per_rank = config.trainer.global_batch / std::max(1, world_size);
+    const int64_t top = config.tuning.batch == "scale" ? evidence.max_micro_batch
+                                                       : std::min(evidence.max_micro_batch, per_rank);
+    std::vector<int64_t> sizes;
+    for (int64_t b = std::min<int64_t>(16, top); b <= top && sizes.size() < 7; b *= 2) sizes.push_back(b);
+    if (!sizes.empty()) {
+      const auto points = probe_throughput(model, options, sizes);
+      for (const auto& p : points) {
+        if (!p.oom && p.seconds_per_step > 0) {
+          evidence.throughput.emplace_back(p.batch, static_cast<double>(p.batch) / p.seconds_per_step);
+        }
+      }
+      evidence.throughput_choice = choose_by_throughput(points);
+    }
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  log::info(log::str("probe: ", evidence.source, " in ", seconds, " s"));
+  try {
+    cache.store(key, evidence, scope);
+  } catch (const Error& e) {
+    log::warn(std::string("plan cache not written: ") + e.what());
+  }
+  return evidence;
+}
+
+}  // namespace
 
 RunParts prepare_run(const Config& config, int world_size, int rank, int local_rank) {
   RunParts r;
   r.config = config;
-  r.device = detect_device(config.trainer.device, local_rank);
+  r.device = config.tuning.device.empty() ? detect_device(config.trainer.device, local_rank)
+                                          : named_device(config.tuning.device);
   r.train = data::make_dataset(config.data, data::Split::Train);
   r.val = data::make_dataset(config.data, data::Split::Val);
 
   const auto shape = r.train->input_shape();
-  if (!shape.empty() && r.train->num_classes() > 0 && shape.size() == 3 && shape[0] != config.model.in_channels) {
+  if (shape.size() == 3 && shape[0] != config.model.in_channels) {
     throw ConfigError("key 'model.in_channels': " + std::to_string(config.model.in_channels) + " but the data (" +
                       r.train->describe() + ") has " + std::to_string(shape[0]) + " channel(s)");
   }
@@ -34,6 +166,10 @@ RunParts prepare_run(const Config& config, int world_size, int rank, int local_r
   inputs.model_params = models::count_parameters(*r.model);
   inputs.convolutional = r.model->is_convolutional();
   inputs.static_shapes = true;
+  // Precision and layout decide what the probe measures; the probe then bounds the micro-batch.
+  const Plan draft = make_plan(config, r.device, inputs);
+  apply_plan_globals(draft);  // the probe measures under the run's threads and cuDNN settings
+  inputs.memory = gather_evidence(config, r.device, draft, *r.model, shape, r.train->num_classes(), world_size);
   r.plan = make_plan(config, r.device, inputs);
   finalize_schedule(r.plan, config, r.train->size());
   return r;
@@ -41,7 +177,7 @@ RunParts prepare_run(const Config& config, int world_size, int rank, int local_r
 
 void apply_plan_globals(const Plan& plan) {
   at::set_num_threads(static_cast<int>(plan.threads));
-  if (plan.device.is_cuda()) {
+  if (plan.device.is_cuda() && !plan.device.named) {
     compat::set_allow_tf32(plan.tf32);
     compat::set_cudnn_benchmark(plan.cudnn_benchmark);
   }

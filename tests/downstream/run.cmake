@@ -16,11 +16,17 @@ set(launcher "")
 if(CMAKE_CXX_COMPILER_LAUNCHER)
   set(launcher -DCMAKE_CXX_COMPILER_LAUNCHER=${CMAKE_CXX_COMPILER_LAUNCHER})
 endif()
+# package: only train's prefix is given; its package config must find the LibTorch it was built
+# with by itself. subdir: the LibTorch root is given, as for any project that builds train.
 foreach(mode package subdir)
   set(b ${WORK_DIR}/${mode})
+  if(mode STREQUAL "package")
+    set(ENV{CMAKE_PREFIX_PATH} "${prefix}")
+  else()
+    set(ENV{CMAKE_PREFIX_PATH} "${TORCH_PREFIX}")
+  endif()
   run(${CMAKE_COMMAND} -S ${TRAIN_SOURCE_DIR}/tests/downstream/project -B ${b} -DMODE=${mode}
-      -DTRAIN_SOURCE_DIR=${TRAIN_SOURCE_DIR} "-DCMAKE_PREFIX_PATH=${prefix};${TORCH_PREFIX}"
-      -DCMAKE_BUILD_TYPE=Release -DTRAIN_PCH=OFF ${launcher})
+      -DTRAIN_SOURCE_DIR=${TRAIN_SOURCE_DIR} -DCMAKE_BUILD_TYPE=Release ${launcher})
   run(${CMAKE_COMMAND} --build ${b} -j 2)
   run(${b}/downstream)
 endforeach()

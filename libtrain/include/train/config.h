@@ -82,8 +82,16 @@ struct TrainerConfig {
 };
 
 struct TuningConfig {
+  std::string device;            // plan for a named device profile (e.g. "a100-80gb") instead of detecting
+  std::string batch = "fixed";   // fixed: keep trainer.global_batch everywhere | scale: grow it with memory
+  std::string lr_scaling = "linear";  // scale mode: linear | sqrt | none, relative to base_batch
+  int64_t base_batch = 0;        // the batch optim.lr was tuned for; 0 = trainer.global_batch
+  int64_t max_global_batch = 0;  // scale mode: upper bound; 0 = 32 x base_batch
   int64_t micro_batch = 0;       // per-device micro-batch; 0 = the plan chooses
   int64_t max_micro_batch = 0;   // upper bound for the plan's choice; 0 = none
+  bool probe = true;             // measure memory and throughput to choose the micro-batch on a GPU
+  double memory_fraction = 0.9;  // share of the device's free memory the plan may use
+  std::string cache_dir;         // plan cache; "" = $XDG_CACHE_HOME/train/plans or ~/.cache/train/plans
 };
 
 struct PrecisionConfig {

@@ -20,6 +20,19 @@ struct PlanDecision {
   std::string reason;  // "global 256 / world 1 = 256 per rank; capped at tuning.max_micro_batch 64 -> accum 4"
 };
 
+// What was measured (or estimated) about memory and speed, which bounds the micro-batch.
+// Produced by the probe in run.cpp, or read back from the plan cache.
+struct MemoryEvidence {
+  int64_t fixed_bytes = 0;       // weights, gradients, optimizer state, workspaces
+  double per_sample_bytes = 0;   // activations per sample
+  int64_t budget_bytes = 0;      // memory the plan may fill
+  int64_t max_micro_batch = 0;   // largest micro-batch predicted to fit; 0 = unknown
+  bool estimate = false;         // converted from a probe on another device, not measured here
+  std::string source;            // "probe on cuda:0 at 8, 16, 32", "plan cache", ...
+  std::vector<std::pair<int64_t, double>> throughput;  // (micro-batch, samples/s), ascending
+  int64_t throughput_choice = 0; // smallest micro-batch after which doubling gains < 5%; 0 = none
+};
+
 struct Plan {
   DeviceProfile device;
   int64_t world_size = 1;
@@ -28,6 +41,8 @@ struct Plan {
   int64_t micro_batch = 0;
   int64_t accum_steps = 1;
   double lr = 0.0;               // peak LR after any scaling
+  double lr_scale = 1.0;         // lr / optim.lr
+  bool scaled_batch = false;     // tuning.batch: scale grew the global batch
   int64_t warmup_steps = 0;      // resolved once the epoch length is known (see finalize_schedule)
   int64_t steps_per_epoch = 0;
   int64_t total_steps = 0;
@@ -40,6 +55,7 @@ struct Plan {
   int64_t prefetch = 2;
   bool pin_memory = false;
   int64_t model_params = 0;
+  MemoryEvidence memory;
   std::vector<PlanDecision> decisions;
 
   std::string to_text() const;   // the table printed at start
@@ -52,6 +68,7 @@ struct PlanInputs {
   int64_t model_params = 0;
   bool convolutional = false;    // conv nets: channels_last and cudnn.benchmark candidates
   bool static_shapes = true;     // every batch has the same input shape
+  MemoryEvidence memory;
 };
 
 // Resolves the batch arithmetic, precision and loader decisions. Throws ConfigError when the

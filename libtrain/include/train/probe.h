@@ -1,0 +1,103 @@
+#pragma once
+// Memory and throughput probe: what one training step (forward, loss, backward, optimizer step)
+// costs at a few micro-batch sizes, measured on the device, so that the plan can choose the
+// micro-batch from measurements:
+//
+//   peak_memory(b) ~ fixed + per_sample * b      (least squares through the measured points)
+//
+// The probes train on copies of the model's state and leave the model, the caller's optimizer,
+// the random generators and the autocast state as they were. They use the CPU threads and
+// cuDNN settings in force, so apply the plan's globals first.
+#include <train/config.h>
+#include <train/models/model.h>
+
+#include <c10/core/Allocator.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace train {
+
+struct ProbeOptions {
+  std::vector<int64_t> input_shape;  // one sample, e.g. {3, 224, 224}; inputs are random floats
+  int64_t num_classes = 10;          // random targets are drawn in [0, num_classes)
+  std::string device = "cpu";        // "cpu", "cuda" or "cuda:N"
+  bool bf16 = false;                 // autocast to bf16
+  bool channels_last = false;        // channels_last parameters and 4-D inputs
+  OptimConfig optim;                 // the optimizer (and gradient clipping) of the run
+  int warmup_steps = 1;              // steps before measuring at each batch size
+  int timed_steps = 3;               // steps timed by probe_throughput
+};
+
+struct ProbePoint {
+  int64_t batch = 0;
+  int64_t peak_bytes = 0;        // probe_memory: peak device memory of one step above the probe's start
+  double seconds_per_step = 0;   // probe_throughput
+  bool oom = false;              // this batch ran out of device memory; the other fields are 0
+};
+
+struct MemoryFit {
+  int64_t fixed_bytes = 0;       // parameters, gradients, optimizer state, workspaces
+  double per_sample_bytes = 0;   // activations and the batch itself
+  std::vector<ProbePoint> points;
+
+  bool measured() const;                 // at least one point ran without running out of memory
+  int64_t predict(int64_t batch) const;  // fixed + per_sample * batch, rounded to the nearest byte
+  // Largest batch b with predict(b) <= budget_bytes that is also below every batch that ran out of
+  // memory; 0 if there is none or nothing was measured. With a non-positive per_sample_bytes the
+  // line cannot extrapolate, so the answer is at most the largest measured batch.
+  int64_t max_batch(int64_t budget_bytes) const;
+};
+
+// Peak memory of one full training step at each batch (after options.warmup_steps), relative to
+// the device memory in use when the probe starts, so it includes the copies of the parameters,
+// their gradients and the optimizer state. The model's parameters and buffers are swapped for
+// copies on options.device for the duration of each batch and swapped back afterwards (no deep
+// clone: LibTorch modules are only clonable through Cloneable, which Model is not), so the model's
+// tensors keep their values, storage, device, layout and gradients, and an optimizer the caller
+// built on them is untouched. Batches that run out of CUDA memory are marked oom; the cache is
+// emptied and the probe continues.
+//
+// CUDA measures with the caching allocator's statistics (their peak is reset), the CPU with a
+// CpuMemoryCounter.
+MemoryFit probe_memory(models::Model& model, const ProbeOptions& options, const std::vector<int64_t>& batches);
+
+// Seconds per training step at each batch: options.timed_steps steps after options.warmup_steps,
+// with the device synchronised before and after the timed steps. State is handled as in
+// probe_memory.
+std::vector<ProbePoint> probe_throughput(models::Model& model, const ProbeOptions& options,
+                                         const std::vector<int64_t>& batches);
+
+// Walks the measured points in ascending batch order (meant to be successive doublings) and
+// returns the batch after which the next one gains less than min_gain in samples per second;
+// 0 if no point was measured.
+int64_t choose_by_throughput(const std::vector<ProbePoint>& points, double min_gain = 0.05);
+
+// Least-squares line through (batch, peak_bytes) of the points that did not run out of memory.
+// A single batch size gives a line through the origin, which overestimates larger batches.
+MemoryFit fit_memory(std::vector<ProbePoint> points);
+
+// Counts the bytes LibTorch allocates through its CPU allocator while the counter is alive: it
+// installs a counting allocator in front of the current one and reinstalls that one, at its
+// priority, on destruction. One counter at a time per process. Allocations from every thread are
+// counted, including the scratch buffers LibTorch's oneDNN convolutions request through it; memory
+// that libraries allocate for themselves (oneDNN's primitive cache, BLAS buffers) is not. Memory
+// allocated while the counter was alive may be freed at any time later, from any thread.
+class CpuMemoryCounter {
+ public:
+  CpuMemoryCounter();  // throws std::logic_error while another counter is alive
+  ~CpuMemoryCounter();
+  CpuMemoryCounter(const CpuMemoryCounter&) = delete;
+  CpuMemoryCounter& operator=(const CpuMemoryCounter&) = delete;
+
+  int64_t live_bytes() const;  // allocated since construction and not yet freed
+  int64_t peak_bytes() const;  // highest live_bytes since construction or the last reset_peak
+  void reset_peak();
+
+ private:
+  c10::Allocator* previous_;
+  uint8_t priority_;
+};
+
+}  // namespace train

@@ -1,0 +1,477 @@
+#include "train/probe.h"
+
+#include <c10/core/CPUAllocator.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <iterator>
+#include <limits>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <unordered_map>
+
+#include "compat.h"
+#include "train/amp.h"
+#include "train/optim.h"
+
+#ifdef TRAIN_WITH_CUDA
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+namespace train {
+namespace {
+
+// ---- Counting CPU allocator -----------------------------------------------------------------
+
+// Counts in front of the allocator that was current when counting started. It hands out that
+// allocator's own pointers with the context equal to the pointer, as LibTorch's raw interface
+// (raw_allocate / raw_deallocate, which oneDNN's scratch buffers use) requires, and keeps the size
+// and the original deleter in a table. So a block may be freed through this allocator or the
+// original one, before or after counting stops: the memory always goes back to its allocator.
+//
+// One per process and never destroyed: blocks must find it when freed (their deleter is `release`)
+// and when resized (a StorageImpl keeps a pointer to the allocator that made it), and they can
+// outlive any counter. Each start begins a new generation, so freeing blocks counted by an earlier
+// counter does not disturb the current counts.
+class CountingCpuAllocator final : public compat::HostAllocatorBase {
+ public:
+  static CountingCpuAllocator& instance() {
+    static auto* allocator = new CountingCpuAllocator();  // leaked on purpose, see above
+    return *allocator;
+  }
+
+  // Counts from now on, forwarding to `wrapped`. False while another counter is counting.
+  bool start(c10::Allocator* wrapped) {
+    bool idle = false;
+    if (!counting_.compare_exchange_strong(idle, true)) return false;
+    wrapped_.store(wrapped);
+    live_.store(0);
+    peak_.store(0);
+    generation_.fetch_add(1);
+    return true;
+  }
+  void stop() { counting_.store(false); }
+
+  int64_t live() const { return live_.load(); }
+  int64_t peak() const { return peak_.load(); }
+  void reset_peak() { peak_.store(live_.load()); }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+
+ protected:
+  c10::DataPtr allocate_bytes(size_t bytes) override {
+    c10::DataPtr original = wrapped_.load()->allocate(bytes);
+    void* data = original.get();
+    // Blocks whose context is not the pointer itself cannot be handed out as raw blocks; they
+    // pass through uncounted (LibTorch's CPU allocators do not make such blocks).
+    if (!counting_.load() || data == nullptr || original.get_context() != data) return original;
+    const Block block{static_cast<int64_t>(bytes), generation_.load(), original.get_deleter()};
+    const c10::Device device = original.device();
+    original.release_context();  // the table owns the block now
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      // Overwrites the entry of a block that was freed behind this allocator's back (raw-freed
+      // through the original allocator after counting stopped) at the same address.
+      blocks_[data] = block;
+    }
+    add(block.bytes);
+    return {data, data, &release, device};
+  }
+
+ private:
+  struct Block {
+    int64_t bytes;
+    uint64_t generation;
+    c10::DeleterFnPtr deleter;  // the original allocator's
+  };
+
+  static void release(void* data) {
+    if (data == nullptr) return;
+    CountingCpuAllocator& self = instance();
+    std::unique_lock<std::mutex> lock(self.mutex_);
+    const auto it = self.blocks_.find(data);
+    if (it == self.blocks_.end()) {  // raw-allocated by the original allocator before counting started
+      lock.unlock();
+      self.wrapped_.load()->raw_deallocate(data);
+      return;
+    }
+    const Block block = it->second;
+    self.blocks_.erase(it);
+    lock.unlock();
+    if (block.generation == self.generation_.load()) self.live_.fetch_sub(block.bytes);
+    block.deleter(data);
+  }
+
+  void add(int64_t bytes) {
+    const int64_t now = live_.fetch_add(bytes) + bytes;
+    int64_t peak = peak_.load();
+    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
+    }
+  }
+
+  std::atomic<c10::Allocator*> wrapped_{nullptr};
+  std::atomic<bool> counting_{false};
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int64_t> live_{0};
+  std::atomic<int64_t> peak_{0};
+  std::mutex mutex_;  // guards blocks_; the counts are atomics
+  std::unordered_map<void*, Block> blocks_;
+};
+
+// ---- Probe state ----------------------------------------------------------------------------
+
+torch::Device probe_device(const ProbeOptions& options) {
+  torch::Device device(options.device);
+  if (device.is_cuda()) {
+    if (!torch::cuda::is_available()) {
+      throw std::invalid_argument("probe: " + options.device + " but CUDA is not available");
+    }
+#ifdef TRAIN_WITH_CUDA
+    if (!device.has_index()) device.set_index(c10::cuda::current_device());
+#endif
+    // Initialises CUDA and its caching allocator, whose statistics the memory probe reads before
+    // its first allocation.
+    torch::empty({0}, torch::TensorOptions().device(device));
+  } else if (!device.is_cpu()) {
+    throw std::invalid_argument("probe: device '" + options.device + "' is neither cpu nor cuda");
+  }
+  return device;
+}
+
+void validate(const ProbeOptions& options, const std::vector<int64_t>& batches) {
+  if (options.input_shape.empty()) throw std::invalid_argument("probe: input_shape is empty");
+  if (options.num_classes < 1) throw std::invalid_argument("probe: num_classes must be positive");
+  if (options.warmup_steps < 0) throw std::invalid_argument("probe: warmup_steps must not be negative");
+  if (options.timed_steps < 1) throw std::invalid_argument("probe: timed_steps must be positive");
+  for (const int64_t batch : batches) {
+    if (batch < 1) throw std::invalid_argument("probe: batch sizes must be positive, got " + std::to_string(batch));
+  }
+}
+
+void synchronize(const torch::Device& device) {
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+}
+
+// Restores the generators the probe draws from (inputs and targets, dropout) on destruction, so
+// that a run trains the same with or without probing.
+class RngStateGuard {
+ public:
+  explicit RngStateGuard(const torch::Device& device) : cpu_state_(compat::cpu_rng_state()) {
+#ifdef TRAIN_WITH_CUDA
+    if (device.is_cuda()) {
+      cuda_generator_ = at::cuda::detail::getDefaultCUDAGenerator(device.index());
+      std::lock_guard<std::mutex> lock(cuda_generator_.mutex());
+      cuda_state_ = cuda_generator_.get_state();
+    }
+#else
+    (void)device;
+#endif
+  }
+  ~RngStateGuard() {
+    compat::set_cpu_rng_state(cpu_state_);
+    if (cuda_generator_.defined()) {
+      std::lock_guard<std::mutex> lock(cuda_generator_.mutex());
+      cuda_generator_.set_state(cuda_state_);
+    }
+  }
+  RngStateGuard(const RngStateGuard&) = delete;
+  RngStateGuard& operator=(const RngStateGuard&) = delete;
+
+ private:
+  torch::Tensor cpu_state_;
+  at::Generator cuda_generator_;
+  torch::Tensor cuda_state_;
+};
+
+// Swaps the model's parameters and buffers for copies on `device` while alive, and swaps the
+// originals back on destruction. The swaps use set_data, so the model's tensor objects (which an
+// optimizer may hold) stay the same and get their original storage back, bit for bit.
+class ModelStateSwap {
+ public:
+  ModelStateSwap(models::Model& model, const torch::Device& device, bool channels_last)
+      : model_(model), was_training_(model.is_training()) {
+    torch::NoGradGuard no_grad;
+    for (auto& tensor : model.parameters()) swap_in(tensor, device);
+    for (auto& tensor : model.buffers()) swap_in(tensor, device);
+    if (channels_last) to_channels_last(model);
+    model.train();
+  }
+  ~ModelStateSwap() {
+    torch::NoGradGuard no_grad;
+    // Reverse order, so that a tensor listed twice ends with its first saved state.
+    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
+      it->tensor.set_data(it->data);
+      it->tensor.mutable_grad() = it->grad;
+    }
+    model_.train(was_training_);
+  }
+  ModelStateSwap(const ModelStateSwap&) = delete;
+  ModelStateSwap& operator=(const ModelStateSwap&) = delete;
+
+ private:
+  struct Saved {
+    torch::Tensor tensor;  // the model's own tensor object
+    torch::Tensor data;    // its storage before the probe
+    torch::Tensor grad;
+  };
+
+  void swap_in(torch::Tensor& tensor, const torch::Device& device) {
+    saved_.push_back({tensor, tensor.data(), tensor.grad()});
+    tensor.set_data(tensor.data().to(device, tensor.scalar_type(), /*non_blocking=*/false, /*copy=*/true));
+    tensor.mutable_grad() = torch::Tensor();
+  }
+
+  models::Model& model_;
+  bool was_training_;
+  std::vector<Saved> saved_;
+};
+
+// Training at one batch size: the model's state swapped for copies, a fresh optimizer on them,
+// and one random input batch on the device.
+class ProbeSession {
+ public:
+  ProbeSession(models::Model& model, const ProbeOptions& options, const torch::Device& device, int64_t batch)
+      : model_(model), options_(options), device_(device), swap_(model, device, options.channels_last),
+        optimizer_(make_optimizer(options.optim, model, options.optim.lr)) {
+    std::vector<int64_t> shape{batch};
+    shape.insert(shape.end(), options.input_shape.begin(), options.input_shape.end());
+    input_ = torch::randn(shape, torch::TensorOptions().device(device));
+    if (options.channels_last && input_.dim() == 4) input_ = input_.contiguous(torch::MemoryFormat::ChannelsLast);
+  }
+
+  // One step as the trainer takes it, with random targets shaped like the logits without their
+  // last dimension.
+  void step() {
+    torch::AutoGradMode grad_mode(true);
+    optimizer_->zero_grad();
+    torch::Tensor loss;
+    {
+      AutocastScope amp(device_.type(), torch::kBFloat16, options_.bf16);
+      const torch::Tensor logits = model_.forward(input_);
+      const torch::Tensor target =
+          torch::randint(options_.num_classes, logits.sizes().slice(0, logits.dim() - 1),
+                         torch::TensorOptions().dtype(torch::kLong).device(device_));
+      loss = torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat),
+                                                  target.reshape({-1}));
+    }
+    loss.backward();
+    if (options_.optim.clip_grad_norm > 0) clip_grad_norm(model_, options_.optim.clip_grad_norm);
+    optimizer_->step();
+  }
+
+ private:
+  models::Model& model_;
+  const ProbeOptions& options_;
+  torch::Device device_;
+  ModelStateSwap swap_;  // declared before the optimizer: swapped back after it is gone
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  torch::Tensor input_;
+};
+
+// Live and peak bytes on the probed device: the caching allocator's statistics on CUDA, a
+// CpuMemoryCounter on the CPU. (Without CUDA support probe_device admits only the CPU.)
+class MemoryMeter {
+ public:
+  explicit MemoryMeter(const torch::Device& device) : device_(device) {
+    if (device.is_cpu()) cpu_.emplace();
+  }
+  int64_t live_bytes() const {
+#ifdef TRAIN_WITH_CUDA
+    if (!cpu_) return compat::cuda_allocated_bytes(device_.index()).current;
+#endif
+    return cpu_->live_bytes();
+  }
+  int64_t peak_bytes() const {
+#ifdef TRAIN_WITH_CUDA
+    if (!cpu_) return compat::cuda_allocated_bytes(device_.index()).peak;
+#endif
+    return cpu_->peak_bytes();
+  }
+  void reset_peak() {
+#ifdef TRAIN_WITH_CUDA
+    if (!cpu_) {
+      c10::cuda::CUDACachingAllocator::resetPeakStats(device_.index());
+      return;
+    }
+#endif
+    cpu_->reset_peak();
+  }
+
+ private:
+  torch::Device device_;
+  std::optional<CpuMemoryCounter> cpu_;
+};
+
+// Runs `measure`; on running out of device memory returns false after returning the cached blocks
+// to the device. By then unwinding has destroyed the session, so the cache holds all of its memory.
+template <typename Measure>
+bool fits_in_memory(const torch::Device& device, Measure&& measure) {
+  try {
+    measure();
+    return true;
+  } catch (const c10::OutOfMemoryError&) {
+#ifdef TRAIN_WITH_CUDA
+    if (device.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
+#else
+    (void)device;
+#endif
+    return false;
+  }
+}
+
+}  // namespace
+
+// ---- CpuMemoryCounter -----------------------------------------------------------------------
+
+CpuMemoryCounter::CpuMemoryCounter() : previous_(c10::GetCPUAllocator()), priority_(0) {
+  CountingCpuAllocator& counting = CountingCpuAllocator::instance();
+  if (!counting.start(previous_)) throw std::logic_error("CpuMemoryCounter: another counter is alive");
+  // SetCPUAllocator ignores priorities below the current one and cannot report it, so the lowest
+  // priority that takes effect is the current one: restoring at it leaves the priority unchanged.
+  for (int priority = 0; priority <= std::numeric_limits<uint8_t>::max(); ++priority) {
+    c10::SetCPUAllocator(&counting, static_cast<uint8_t>(priority));
+    if (c10::GetCPUAllocator() == &counting) {
+      priority_ = static_cast<uint8_t>(priority);
+      return;
+    }
+  }
+}
+
+CpuMemoryCounter::~CpuMemoryCounter() {
+  c10::SetCPUAllocator(previous_, priority_);
+  CountingCpuAllocator::instance().stop();
+}
+
+int64_t CpuMemoryCounter::live_bytes() const { return CountingCpuAllocator::instance().live(); }
+int64_t CpuMemoryCounter::peak_bytes() const { return CountingCpuAllocator::instance().peak(); }
+void CpuMemoryCounter::reset_peak() { CountingCpuAllocator::instance().reset_peak(); }
+
+// ---- Probes ---------------------------------------------------------------------------------
+
+MemoryFit probe_memory(models::Model& model, const ProbeOptions& options, const std::vector<int64_t>& batches) {
+  validate(options, batches);
+  const torch::Device device = probe_device(options);
+  RngStateGuard rng(device);
+  MemoryMeter meter(device);
+  // One baseline for all points: buffers that libraries create on first use and keep (cuBLAS
+  // workspaces) then count in every point, not only in the first.
+  const int64_t baseline = meter.live_bytes();
+  std::vector<ProbePoint> points;
+  for (const int64_t batch : batches) {
+    ProbePoint point;
+    point.batch = batch;
+    point.oom = !fits_in_memory(device, [&] {
+      ProbeSession session(model, options, device, batch);
+      for (int i = 0; i < options.warmup_steps; ++i) session.step();
+      meter.reset_peak();
+      session.step();
+      point.peak_bytes = meter.peak_bytes() - baseline;
+    });
+    points.push_back(point);
+  }
+  return fit_memory(std::move(points));
+}
+
+std::vector<ProbePoint> probe_throughput(models::Model& model, const ProbeOptions& options,
+                                         const std::vector<int64_t>& batches) {
+  validate(options, batches);
+  const torch::Device device = probe_device(options);
+  RngStateGuard rng(device);
+  std::vector<ProbePoint> points;
+  for (const int64_t batch : batches) {
+    ProbePoint point;
+    point.batch = batch;
+    point.oom = !fits_in_memory(device, [&] {
+      ProbeSession session(model, options, device, batch);
+      for (int i = 0; i < options.warmup_steps; ++i) session.step();
+      synchronize(device);
+      const auto start = std::chrono::steady_clock::now();
+      for (int i = 0; i < options.timed_steps; ++i) session.step();
+      synchronize(device);
+      const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
+      point.seconds_per_step = elapsed.count() / options.timed_steps;
+    });
+    points.push_back(point);
+  }
+  return points;
+}
+
+int64_t choose_by_throughput(const std::vector<ProbePoint>& points, double min_gain) {
+  std::vector<ProbePoint> measured;
+  std::copy_if(points.begin(), points.end(), std::back_inserter(measured),
+               [](const ProbePoint& p) { return !p.oom && p.seconds_per_step > 0; });
+  if (measured.empty()) return 0;
+  std::sort(measured.begin(), measured.end(),
+            [](const ProbePoint& a, const ProbePoint& b) { return a.batch < b.batch; });
+  const auto samples_per_second = [](const ProbePoint& p) { return static_cast<double>(p.batch) / p.seconds_per_step; };
+  size_t chosen = 0;
+  for (size_t next = 1; next < measured.size(); ++next) {
+    if (samples_per_second(measured[next]) < samples_per_second(measured[chosen]) * (1.0 + min_gain)) break;
+    chosen = next;
+  }
+  return measured[chosen].batch;
+}
+
+// ---- Fit ------------------------------------------------------------------------------------
+
+MemoryFit fit_memory(std::vector<ProbePoint> points) {
+  MemoryFit fit;
+  fit.points = std::move(points);
+  double n = 0, sum_batch = 0, sum_bytes = 0;
+  for (const ProbePoint& p : fit.points) {
+    if (p.oom) continue;
+    n += 1;
+    sum_batch += static_cast<double>(p.batch);
+    sum_bytes += static_cast<double>(p.peak_bytes);
+  }
+  if (n == 0) return fit;
+  const double mean_batch = sum_batch / n, mean_bytes = sum_bytes / n;
+  double sxx = 0, sxy = 0;  // centred sums, for accuracy with byte counts in the billions
+  for (const ProbePoint& p : fit.points) {
+    if (p.oom) continue;
+    const double dx = static_cast<double>(p.batch) - mean_batch;
+    sxx += dx * dx;
+    sxy += dx * (static_cast<double>(p.peak_bytes) - mean_bytes);
+  }
+  if (sxx == 0) {
+    fit.per_sample_bytes = mean_bytes / mean_batch;  // one batch size: through the origin
+  } else {
+    fit.per_sample_bytes = sxy / sxx;
+    fit.fixed_bytes = std::llround(mean_bytes - fit.per_sample_bytes * mean_batch);
+  }
+  return fit;
+}
+
+bool MemoryFit::measured() const {
+  return std::any_of(points.begin(), points.end(), [](const ProbePoint& p) { return !p.oom; });
+}
+
+int64_t MemoryFit::predict(int64_t batch) const {
+  return fixed_bytes + std::llround(per_sample_bytes * static_cast<double>(batch));
+}
+
+int64_t MemoryFit::max_batch(int64_t budget_bytes) const {
+  if (!measured()) return 0;
+  int64_t limit = std::numeric_limits<int64_t>::max();  // below every batch that ran out of memory
+  int64_t largest_measured = 0;
+  for (const ProbePoint& p : points) {
+    if (p.oom) limit = std::min(limit, p.batch - 1);
+    else largest_measured = std::max(largest_measured, p.batch);
+  }
+  if (per_sample_bytes <= 0) {
+    const int64_t batch = std::min(largest_measured, limit);
+    return batch > 0 && predict(batch) <= budget_bytes ? batch : 0;
+  }
+  const double solution = std::floor(static_cast<double>(budget_bytes - fixed_bytes) / per_sample_bytes);
+  int64_t batch = solution <= 0 ? 0 : solution >= static_cast<double>(limit) ? limit : static_cast<int64_t>(solution);
+  // Settle rounding at the boundary so that the answer agrees with predict exactly.
+  while (batch > 0 && predict(batch) > budget_bytes) --batch;
+  while (batch < limit && predict(batch + 1) <= budget_bytes) ++batch;
+  return batch;
+}
+
+}  // namespace train

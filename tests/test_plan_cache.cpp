@@ -1,0 +1,56 @@
+#include "testing.h"
+
+#include <train/files.h>
+#include <fstream>
+#include <train/plan_cache.h>
+
+using namespace train;
+
+namespace {
+PlanCacheKey key_for(const std::string& device) {
+  PlanCacheKey k;
+  k.add("device", device);
+  k.add("model", "11689512 params");
+  k.add("precision", "bf16");
+  return k;
+}
+}  // namespace
+
+TEST_CASE("plan cache: miss, store, hit, and what changed", "[plan][cache]") {
+  const std::string dir = files::make_temp_directory("train_plan_cache_");
+  PlanCache cache(dir);
+  const PlanCacheKey a100 = key_for("NVIDIA A100-SXM4-80GB");
+  CHECK_FALSE(cache.find(a100).has_value());
+  CHECK(cache.changes(a100, "run.yaml").empty());
+
+  MemoryEvidence m;
+  m.fixed_bytes = 123456789;
+  m.per_sample_bytes = 0.1 + 38.0 * (1 << 20);
+  m.budget_bytes = int64_t{72} << 30;
+  m.max_micro_batch = 1900;
+  m.source = "probe on cuda:0 at 8, 16, 32";
+  m.throughput = {{16, 1000.5}, {32, 1800.25}};
+  m.throughput_choice = 32;
+  cache.store(a100, m, "run.yaml");
+
+  const auto hit = PlanCache(dir).find(a100);
+  REQUIRE(hit.has_value());
+  CHECK(hit->fixed_bytes == m.fixed_bytes);
+  CHECK(hit->per_sample_bytes == m.per_sample_bytes);  // exact round trip
+  CHECK(hit->max_micro_batch == 1900);
+  CHECK(hit->throughput == m.throughput);
+  CHECK(hit->throughput_choice == 32);
+  CHECK_THAT(hit->source, Catch::Contains("plan cache") && Catch::Contains("probe on cuda:0"));
+
+  const PlanCacheKey h100 = key_for("NVIDIA H100 80GB HBM3");
+  CHECK_FALSE(cache.find(h100).has_value());
+  const auto changed = cache.changes(h100, "run.yaml");
+  REQUIRE(changed.size() == 1);
+  CHECK(changed[0] == "device: NVIDIA A100-SXM4-80GB -> NVIDIA H100 80GB HBM3");
+  CHECK(cache.changes(h100, "other.yaml").empty());
+
+  // A damaged entry is a miss, not an error.
+  std::ofstream(files::join(dir, a100.hash() + ".json")) << "{not json";
+  CHECK_FALSE(cache.find(a100).has_value());
+  files::remove_all(dir);
+}
