@@ -65,7 +65,9 @@ int cmd_check(const CommonArgs& args) {
 int cmd_plan(CommonArgs args, bool json, const std::string& device) {
   if (!device.empty()) args.sets.push_back("tuning.device=" + device);
   const Config config = load_config(args.config, args.sets);
-  const RunParts run = prepare_run(config);
+  RunOptions options;
+  options.data_optional = true;  // plan for data that lives on another machine
+  const RunParts run = prepare_run(config, options);
   std::cout << (json ? run.plan.to_json() + "\n" : run.plan.to_text());
   return kExitOk;
 }

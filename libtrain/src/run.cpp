@@ -118,9 +118,13 @@ MemoryEvidence gather_evidence(const Config& config, const DeviceProfile& device
     std::vector<int64_t> sizes;
     for (int64_t b = std::min<int64_t>(16, top); b <= top && sizes.size() < 7; b *= 2) sizes.push_back(b);
     if (!sizes.empty()) {
+      // Confirmation by trial: a size that runs out of memory caps the micro-batch below it.
       const auto points = probe_throughput(model, options, sizes);
       for (const auto& p : points) {
-        if (!p.oom && p.seconds_per_step > 0) {
+        if (p.oom) {
+          evidence.max_micro_batch = std::min(evidence.max_micro_batch, p.batch - 1);
+          evidence.source += "; out of memory at " + std::to_string(p.batch) + " in trial";
+        } else if (p.seconds_per_step > 0) {
           evidence.throughput.emplace_back(p.batch, static_cast<double>(p.batch) / p.seconds_per_step);
         }
       }
@@ -139,39 +143,49 @@ MemoryEvidence gather_evidence(const Config& config, const DeviceProfile& device
 
 }  // namespace
 
-RunParts prepare_run(const Config& config, int world_size, int rank, int local_rank) {
+RunParts prepare_run(const Config& config, const RunOptions& options) {
   RunParts r;
   r.config = config;
-  r.device = config.tuning.device.empty() ? detect_device(config.trainer.device, local_rank)
+  r.device = config.tuning.device.empty() ? detect_device(config.trainer.device, options.local_rank)
                                           : named_device(config.tuning.device);
-  r.train = data::make_dataset(config.data, data::Split::Train);
-  r.val = data::make_dataset(config.data, data::Split::Val);
-
-  const auto shape = r.train->input_shape();
-  if (shape.size() == 3 && shape[0] != config.model.in_channels) {
+  std::vector<int64_t> shape;
+  int64_t num_classes = config.model.num_classes;
+  try {
+    r.train = data::make_dataset(config.data, data::Split::Train);
+    r.val = data::make_dataset(config.data, data::Split::Val);
+    shape = r.train->input_shape();
+    num_classes = r.train->num_classes();
+  } catch (const DataError& e) {
+    if (!options.data_optional || config.data.image_size <= 0) throw;
+    shape = {config.model.in_channels, config.data.image_size, config.data.image_size};
+    log::warn(std::string("data not readable here (") + e.what() + "); planning for input " +
+              std::to_string(shape[0]) + "x" + std::to_string(shape[1]) + "x" + std::to_string(shape[2]) +
+              " from the config");
+  }
+  if (r.train && shape.size() == 3 && shape[0] != config.model.in_channels) {
     throw ConfigError("key 'model.in_channels': " + std::to_string(config.model.in_channels) + " but the data (" +
                       r.train->describe() + ") has " + std::to_string(shape[0]) + " channel(s)");
   }
-  if (r.train->num_classes() > config.model.num_classes) {
+  if (r.train && num_classes > config.model.num_classes) {
     throw ConfigError("key 'model.num_classes': " + std::to_string(config.model.num_classes) + " but the data (" +
-                      r.train->describe() + ") has " + std::to_string(r.train->num_classes()) + " classes");
+                      r.train->describe() + ") has " + std::to_string(num_classes) + " classes");
   }
 
   torch::manual_seed(static_cast<uint64_t>(config.trainer.seed));
   r.model = models::make_model(config.model);
 
   PlanInputs inputs;
-  inputs.world_size = world_size;
-  inputs.rank = rank;
+  inputs.world_size = options.world_size;
+  inputs.rank = options.rank;
   inputs.model_params = models::count_parameters(*r.model);
   inputs.convolutional = r.model->is_convolutional();
   inputs.static_shapes = true;
   // Precision and layout decide what the probe measures; the probe then bounds the micro-batch.
   const Plan draft = make_plan(config, r.device, inputs);
   apply_plan_globals(draft);  // the probe measures under the run's threads and cuDNN settings
-  inputs.memory = gather_evidence(config, r.device, draft, *r.model, shape, r.train->num_classes(), world_size);
+  inputs.memory = gather_evidence(config, r.device, draft, *r.model, shape, num_classes, options.world_size);
   r.plan = make_plan(config, r.device, inputs);
-  finalize_schedule(r.plan, config, r.train->size());
+  if (r.train) finalize_schedule(r.plan, config, r.train->size());
   return r;
 }
 

@@ -18,9 +18,20 @@ struct RunParts {
   Plan plan;
 };
 
+struct RunOptions {
+  int world_size = 1;
+  int rank = 0;
+  int local_rank = 0;
+  // Plan even when the data is not on this machine (`train plan`): the input shape then comes
+  // from the config (model.in_channels x data.image_size^2), train/val stay null and the
+  // schedule length is known only from trainer.max_steps.
+  bool data_optional = false;
+};
+
 // Seeds LibTorch's generator from trainer.seed before building the model, so that the
 // initial weights are reproducible. Reads the data files (DataError on bad input).
-RunParts prepare_run(const Config& config, int world_size = 1, int rank = 0, int local_rank = 0);
+RunParts prepare_run(const Config& config, const RunOptions& options);
+inline RunParts prepare_run(const Config& config) { return prepare_run(config, RunOptions{}); }
 
 // Applies the plan's process-wide settings (threads, TF32, cudnn.benchmark).
 void apply_plan_globals(const Plan& plan);
