@@ -50,9 +50,10 @@ auto fields(const train::ModelConfig& m) {
 }
 auto fields(const train::DataConfig& d) {
   return std::tie(d.kind, d.root, d.train_images, d.train_labels, d.val_images, d.val_labels,
-                  d.image_size, d.channels, d.synthetic_train_samples, d.synthetic_val_samples,
-                  d.mean, d.std, d.random_crop, d.crop_padding, d.random_flip, d.shuffle,
-                  d.drop_last, d.workers, d.prefetch);
+                  d.train_dir, d.val_dir, d.image_size, d.resize_size, d.crop_min_scale,
+                  d.channels, d.synthetic_train_samples, d.synthetic_val_samples, d.mean, d.std,
+                  d.random_crop, d.crop_padding, d.random_flip, d.shuffle, d.drop_last, d.workers,
+                  d.prefetch);
 }
 auto fields(const train::OptimConfig& o) {
   return std::tie(o.name, o.lr, o.momentum, o.nesterov, o.weight_decay, o.beta1, o.beta2, o.eps,
@@ -103,7 +104,11 @@ Config unusual_config() {
   c.data.train_labels = "it's \"quoted\"";
   c.data.val_images = "  leading space";
   c.data.val_labels = "two\nlines";
+  c.data.train_dir = "ILSVRC/Data/CLS-LOC/train";
+  c.data.val_dir = "val: sorted";
   c.data.image_size = 32;
+  c.data.resize_size = 36;
+  c.data.crop_min_scale = 0.35;
   c.data.channels = 3;
   c.data.synthetic_train_samples = 7;
   c.data.synthetic_val_samples = 5;

@@ -260,35 +260,42 @@ TEST_CASE("cuda: the plan picks bf16 + channels_last on a tensor-core GPU and tr
   }
 }
 
-TEST_CASE("plan: one config, planned for a T4 and an A100, keeps the global batch", "[plan][probe]") {
+TEST_CASE("plan: configs/resnet50_imagenet.yaml on a T4 and an A100, without the data", "[plan][probe]") {
   const std::string cache = files::make_temp_directory("train_plan_devices_");
-  const std::string yaml =
-      "model: {name: resnet50, num_classes: 1000}\n"
-      "data: {kind: synthetic, channels: 3, image_size: 224, synthetic_train_samples: 4096}\n"
-      "trainer: {global_batch: 256, epochs: 1}\n"
-      "tuning: {cache_dir: '" + cache + "'}\n";
-  const RunParts t4 = prepare_run(parse_config(yaml, "r50.yaml", {"tuning.device=t4"}));
-  const RunParts a100 = prepare_run(parse_config(yaml, "r50.yaml", {"tuning.device=a100-80gb"}));
+  const std::string config = std::string(TRAIN_SOURCE_DIR) + "/configs/resnet50_imagenet.yaml";
+  RunOptions options;
+  options.data_optional = true;  // ImageNet is not on this machine
+  auto plan_for = [&](std::vector<std::string> sets) {
+    sets.push_back("tuning.cache_dir=" + cache);
+    sets.push_back("data.root=" + cache + "/no-imagenet-here");
+    return prepare_run(load_config(config, sets), options);
+  };
+  const RunParts t4 = plan_for({"tuning.device=t4"});
+  const RunParts a100 = plan_for({"tuning.device=a100-80gb"});
   CHECK(t4.plan.global_batch == 256);
   CHECK(a100.plan.global_batch == 256);
   CHECK(t4.plan.precision == "fp32");
   CHECK(a100.plan.precision == "bf16");
+  CHECK(a100.plan.channels_last);
   CHECK(t4.plan.memory.estimate);
   CHECK(t4.plan.memory.max_micro_batch < a100.plan.memory.max_micro_batch);
-  CHECK(t4.plan.micro_batch < a100.plan.micro_batch);  // 16 GB fp32 cannot hold 256 ResNet-50 samples
+  CHECK(t4.plan.micro_batch < a100.plan.micro_batch);  // 16 GB in fp32 cannot hold 256 ResNet-50 samples
   CHECK(t4.plan.accum_steps > 1);
   CHECK(a100.plan.accum_steps == 1);
   CHECK(t4.plan.micro_batch * t4.plan.accum_steps == 256);
+  CHECK(t4.train == nullptr);
 
   // Scale mode grows the batch on the A100 and scales the LR linearly.
-  const RunParts scaled =
-      prepare_run(parse_config(yaml, "r50.yaml", {"tuning.device=a100-80gb", "tuning.batch=scale"}));
+  const RunParts scaled = plan_for({"tuning.device=a100-80gb", "tuning.batch=scale"});
   CHECK(scaled.plan.global_batch > 256);
-  CHECK(scaled.plan.lr == Approx(scaled.config.optim.lr * scaled.plan.global_batch / 256.0));
+  CHECK(scaled.plan.lr == Approx(0.1 * scaled.plan.global_batch / 256.0));
 
   // The second identical request is served from the plan cache.
-  const RunParts again = prepare_run(parse_config(yaml, "r50.yaml", {"tuning.device=t4"}));
+  const RunParts again = plan_for({"tuning.device=t4"});
   CHECK_THAT(again.plan.memory.source, Catch::Contains("plan cache"));
   CHECK(again.plan.micro_batch == t4.plan.micro_batch);
+
+  // fit still needs the data: the missing folder is an input error.
+  CHECK_THROWS_AS(prepare_run(load_config(config, {"data.root=" + cache + "/none"})), DataError);
   files::remove_all(cache);
 }

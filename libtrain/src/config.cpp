@@ -191,15 +191,29 @@ std::vector<Key> build_schema() {
       model("init_from", &M::init_from,
             "checkpoint whose model weights initialise the run; empty = random initialisation"),
 
-      data("kind", &D::kind, "dataset kind").one_of({"idx", "synthetic"}),
-      data("root", &D::root, "directory with the dataset files (required when kind is idx)"),
+      data("kind", &D::kind, "dataset kind").one_of({"idx", "synthetic", "image_folder"}),
+      data("root", &D::root,
+           "directory with the dataset files (required when kind is idx or image_folder)"),
       data("train_images", &D::train_images, "idx: training images file in root; .gz is tried too"),
       data("train_labels", &D::train_labels, "idx: training labels file in root; .gz is tried too"),
       data("val_images", &D::val_images, "idx: validation images file in root; .gz is tried too"),
       data("val_labels", &D::val_labels, "idx: validation labels file in root; .gz is tried too"),
+      data("train_dir", &D::train_dir,
+           "image_folder: training split in root, one subdirectory of images per class"),
+      data("val_dir", &D::val_dir,
+           "image_folder: validation split in root; its classes must be among train_dir's"),
       data("image_size", &D::image_size,
-           "synthetic: image height = width; 0 = the dataset's own size")
+           "image height = width (image_folder: the crop size); 0 = the dataset's own size "
+           "(synthetic: 32, image_folder: 224)")
           .at_least(0),
+      data("resize_size", &D::resize_size,
+           "image_folder validation: shorter side after resizing, before the center crop of "
+           "image_size; 0 = round(image_size / 0.875)")
+          .at_least(0),
+      data("crop_min_scale", &D::crop_min_scale,
+           "image_folder training: smallest area fraction of the random resized crop")
+          .above(0)
+          .at_most(1),
       data("channels", &D::channels, "synthetic: channels per image").at_least(1),
       data("synthetic_train_samples", &D::synthetic_train_samples, "synthetic: training samples")
           .at_least(1),
@@ -790,9 +804,14 @@ Config ConfigBuilder::validated() const {
          "data.mean has " + std::to_string(data.mean.size()) + " entries and data.std has " +
              std::to_string(data.std.size()) + "; they must have the same length");
   }
-  if (data.kind == "idx" && data.root.empty())
+  if ((data.kind == "idx" || data.kind == "image_folder") && data.root.empty())
     fail(where_set("data.root"), "data.root",
-         "required when data.kind is 'idx' (the directory with the dataset files)");
+         "required when data.kind is '" + data.kind + "' (the directory with the dataset files)");
+  if (data.kind == "image_folder" && data.resize_size > 0 && data.image_size > 0 &&
+      data.resize_size < data.image_size)
+    fail(where_set("data.resize_size"), "data.resize_size",
+         "is " + std::to_string(data.resize_size) + ", smaller than data.image_size (" +
+             std::to_string(data.image_size) + "), so the center crop would not fit");
 
   const std::vector<double>& milestones = config_.schedule.milestones;
   for (size_t i = 1; i < milestones.size(); ++i)
@@ -891,7 +910,7 @@ std::string config_reference() {
   out << "# Configuration reference\n\n"
       << "Required: " << join(required, ", ")
       << ", at least one of `trainer.epochs` / `trainer.max_steps` > 0, and `data.root` when "
-      << "`data.kind` is `idx`. "
+      << "`data.kind` is `idx` or `image_folder`. "
       << "Every other key has the default shown. Any key can be overridden on the command line "
       << "with `--set section.key=value`.\n";
   for (const SectionInfo& section : kSections) {

@@ -23,13 +23,17 @@ struct ModelConfig {
 };
 
 struct DataConfig {
-  std::string kind = "idx";      // idx | synthetic
-  std::string root;              // directory with the dataset files (idx)
+  std::string kind = "idx";      // idx | synthetic | image_folder
+  std::string root;              // directory with the dataset files (idx, image_folder)
   std::string train_images = "train-images-idx3-ubyte";   // file stems; ".gz" is tried too
   std::string train_labels = "train-labels-idx1-ubyte";
   std::string val_images = "t10k-images-idx3-ubyte";
   std::string val_labels = "t10k-labels-idx1-ubyte";
-  int64_t image_size = 0;        // synthetic: H = W; 0 = dataset's own size
+  std::string train_dir = "train";  // image_folder: split directories in root, a subdirectory per class
+  std::string val_dir = "val";
+  int64_t image_size = 0;        // H = W (image_folder: crop size); 0 = own size (synthetic 32, image_folder 224)
+  int64_t resize_size = 0;       // image_folder val: shorter side before center crop; 0 = round(image_size / 0.875)
+  double crop_min_scale = 0.08;  // image_folder train: smallest area fraction of the random resized crop
   int64_t channels = 1;          // synthetic: channels per image
   int64_t synthetic_train_samples = 1024;
   int64_t synthetic_val_samples = 256;

@@ -3,10 +3,14 @@
 #include <train/data/dataset.h>
 #include <train/data/factory.h>
 #include <train/data/idx.h>
+#include <train/data/image_folder.h>
 #include <train/data/synthetic.h>
 #include <train/data/transforms.h>
 #include <train/errors.h>
+#include <train/files.h>
+#include <torch/nn/functional/upsampling.h>
 
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <sstream>
@@ -58,6 +62,77 @@ torch::Tensor normalize(const torch::Tensor& image, const std::vector<double>& m
   const torch::Tensor mean_t = torch::tensor(mean, options).view({-1, 1, 1});
   const torch::Tensor std_t = torch::tensor(stddev, options).view({-1, 1, 1});
   return (image - mean_t) / std_t;
+}
+
+CropBox random_resized_crop_box(int64_t height, int64_t width, double min_scale, double max_scale,
+                                double min_ratio, double max_ratio, SplitMix64& rng) {
+  if (height < 1 || width < 1) {
+    throw std::invalid_argument("random_resized_crop_box: the image is empty");
+  }
+  if (!(min_scale > 0.0 && min_scale <= max_scale) || !(min_ratio > 0.0 && min_ratio <= max_ratio)) {
+    throw std::invalid_argument(
+        "random_resized_crop_box: need 0 < min_scale <= max_scale and 0 < min_ratio <= max_ratio");
+  }
+  const double area = static_cast<double>(height) * static_cast<double>(width);
+  const double log_min_ratio = std::log(min_ratio);
+  const double log_max_ratio = std::log(max_ratio);
+  constexpr int kAttempts = 10;
+  for (int attempt = 0; attempt < kAttempts; ++attempt) {
+    const double target_area = area * (min_scale + (max_scale - min_scale) * rng.uniform());
+    const double ratio = std::exp(log_min_ratio + (log_max_ratio - log_min_ratio) * rng.uniform());
+    const auto w = static_cast<int64_t>(std::nearbyint(std::sqrt(target_area * ratio)));
+    const auto h = static_cast<int64_t>(std::nearbyint(std::sqrt(target_area / ratio)));
+    if (w > 0 && w <= width && h > 0 && h <= height) {
+      const auto top = static_cast<int64_t>(rng.below(static_cast<uint64_t>(height - h + 1)));
+      const auto left = static_cast<int64_t>(rng.below(static_cast<uint64_t>(width - w + 1)));
+      return CropBox{top, left, h, w};
+    }
+  }
+  // No draw fitted: the whole image, cut to the nearest allowed aspect ratio, centred.
+  const double image_ratio = static_cast<double>(width) / static_cast<double>(height);
+  int64_t w = width;
+  int64_t h = height;
+  if (image_ratio < min_ratio) {
+    h = static_cast<int64_t>(std::nearbyint(static_cast<double>(w) / min_ratio));
+  } else if (image_ratio > max_ratio) {
+    w = static_cast<int64_t>(std::nearbyint(static_cast<double>(h) * max_ratio));
+  }
+  return CropBox{(height - h) / 2, (width - w) / 2, h, w};
+}
+
+torch::Tensor resize_bilinear(const torch::Tensor& image, int64_t height, int64_t width) {
+  if (image.dim() != 3) throw std::invalid_argument("resize_bilinear: expected a [C,H,W] image");
+  if (height < 1 || width < 1) throw std::invalid_argument("resize_bilinear: empty output size");
+  if (image.size(1) == height && image.size(2) == width) return image;
+  namespace F = torch::nn::functional;
+  const auto options = F::InterpolateFuncOptions()
+                           .size(std::vector<int64_t>{height, width})
+                           .mode(torch::kBilinear)
+                           .align_corners(false)
+                           .antialias(true);
+  return F::interpolate(image.unsqueeze(0), options).squeeze(0);
+}
+
+torch::Tensor resize_shorter_side(const torch::Tensor& image, int64_t size) {
+  if (image.dim() != 3) throw std::invalid_argument("resize_shorter_side: expected a [C,H,W] image");
+  const int64_t height = image.size(1);
+  const int64_t width = image.size(2);
+  if (height <= width) return resize_bilinear(image, size, size * width / height);
+  return resize_bilinear(image, size * height / width, size);
+}
+
+torch::Tensor center_crop(const torch::Tensor& image, int64_t size) {
+  if (image.dim() != 3) throw std::invalid_argument("center_crop: expected a [C,H,W] image");
+  const int64_t height = image.size(1);
+  const int64_t width = image.size(2);
+  if (size < 1 || size > height || size > width) {
+    throw std::invalid_argument("center_crop: size " + std::to_string(size) +
+                                " does not fit a " + std::to_string(height) + "x" +
+                                std::to_string(width) + " image");
+  }
+  const auto top = static_cast<int64_t>(std::nearbyint(static_cast<double>(height - size) / 2.0));
+  const auto left = static_cast<int64_t>(std::nearbyint(static_cast<double>(width - size) / 2.0));
+  return image.narrow(1, top, size).narrow(2, left, size);
 }
 
 torch::Tensor ImageTransforms::apply(const torch::Tensor& image, uint64_t seed) const {
@@ -217,12 +292,49 @@ DatasetPtr make_idx(const DataConfig& config, Split split) {
   return dataset;
 }
 
+DatasetPtr make_image_folder(const DataConfig& config, Split split) {
+  if (config.root.empty()) throw ConfigError("data.root is required when data.kind is image_folder");
+  if (config.random_crop) {
+    throw ConfigError(
+        "data.random_crop (a padded crop) does not apply to image_folder, whose training split "
+        "always takes a random resized crop (data.crop_min_scale)");
+  }
+  if (!(config.crop_min_scale > 0.0 && config.crop_min_scale <= 1.0)) {
+    throw ConfigError("data.crop_min_scale must be in (0, 1], got " +
+                      std::to_string(config.crop_min_scale));
+  }
+  const int64_t image_size =
+      config.image_size > 0 ? config.image_size : kImageFolderDefaultImageSize;
+  if (config.resize_size != 0 && config.resize_size < image_size) {
+    throw ConfigError("data.resize_size is " + std::to_string(config.resize_size) +
+                      ", smaller than the crop data.image_size " + std::to_string(image_size));
+  }
+  const ImageTransforms transforms = transforms_for(config, split, 3);
+
+  ImageFolderOptions options;
+  const std::string train_directory = files::join(config.root, config.train_dir);
+  options.directory =
+      split == Split::Train ? train_directory : files::join(config.root, config.val_dir);
+  // Labels are positions in the training split's class list, whichever split is read.
+  if (split == Split::Val) options.classes = find_image_classes(train_directory);
+  options.split = split;
+  options.image_size = image_size;
+  options.resize_size = config.resize_size;
+  options.crop_min_scale = config.crop_min_scale;
+  options.random_flip = transforms.random_flip;
+  options.mean = transforms.mean;
+  options.stddev = transforms.stddev;
+  return std::make_shared<ImageFolderDataset>(std::move(options));
+}
+
 }  // namespace
 
 DatasetPtr make_dataset(const DataConfig& config, Split split) {
   if (config.kind == "synthetic") return make_synthetic(config, split);
   if (config.kind == "idx") return make_idx(config, split);
-  throw ConfigError("data.kind: unknown kind '" + config.kind + "' (expected idx | synthetic)");
+  if (config.kind == "image_folder") return make_image_folder(config, split);
+  throw ConfigError("data.kind: unknown kind '" + config.kind +
+                    "' (expected idx | synthetic | image_folder)");
 }
 
 }  // namespace train::data

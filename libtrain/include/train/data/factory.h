@@ -8,7 +8,8 @@ struct DataConfig;
 
 namespace train::data {
 
-// Train uses the configured augmentation (random_crop, random_flip); Val uses none. Both
+// Train uses the configured augmentation (random_crop, random_flip; image_folder: a random
+// resized crop and random_flip); Val uses none (image_folder: resize and center crop). Both
 // normalise by data.mean / data.std when given.
 enum class Split { Train, Val };
 
@@ -16,9 +17,12 @@ enum class Split { Train, Val };
 constexpr int64_t kSyntheticDefaultImageSize = 32;
 // Synthetic data has as many classes as MNIST-style data, so the same model config fits both.
 constexpr int64_t kSyntheticNumClasses = 10;
+// Crop side of image_folder data when data.image_size is 0: the ImageNet standard.
+constexpr int64_t kImageFolderDefaultImageSize = 224;
 
 // Throws ConfigError for inconsistent settings (unknown kind, missing root, mean/std lengths
-// that differ from the image channels, ...) and DataError for unreadable or malformed files.
+// that differ from the image channels, ...) and DataError for unreadable or malformed files
+// (image_folder: a missing directory or no images; single images are decoded only in get()).
 DatasetPtr make_dataset(const DataConfig& config, Split split);
 
 }  // namespace train::data

@@ -61,6 +61,33 @@ torch::Tensor hflip(const torch::Tensor& image);
 torch::Tensor normalize(const torch::Tensor& image, const std::vector<double>& mean,
                         const std::vector<double>& stddev);
 
+// A rectangle of an image, in pixels.
+struct CropBox {
+  int64_t top = 0;
+  int64_t left = 0;
+  int64_t height = 0;
+  int64_t width = 0;
+};
+
+// The crop of torchvision's RandomResizedCrop for a height x width image: up to 10 draws of an
+// area fraction in [min_scale, max_scale] and a log-uniform aspect ratio (width / height) in
+// [min_ratio, max_ratio], keeping the first that fits; otherwise the central crop with the ratio
+// clamped to that range. Rounds half to even, as Python's round() does.
+CropBox random_resized_crop_box(int64_t height, int64_t width, double min_scale, double max_scale,
+                                double min_ratio, double max_ratio, SplitMix64& rng);
+
+// Bilinear resize of a float [C,H,W] image to height x width (align_corners = false), with
+// antialiasing when shrinking, like torchvision's Resize on tensors and PIL's bilinear filter.
+torch::Tensor resize_bilinear(const torch::Tensor& image, int64_t height, int64_t width);
+
+// Resizes a float [C,H,W] image so that its shorter side is `size`, keeping the aspect ratio
+// (the longer side is truncated, as in torchvision's Resize(int)).
+torch::Tensor resize_shorter_side(const torch::Tensor& image, int64_t size);
+
+// The central size x size window of a [C,H,W] image at least that large (a view), placed as
+// torchvision's CenterCrop places it.
+torch::Tensor center_crop(const torch::Tensor& image, int64_t size);
+
 // The pipeline applied to one float [C,H,W] image, in torchvision's usual order:
 // random crop with zero padding, horizontal flip with p = 0.5, then normalisation.
 struct ImageTransforms {

@@ -1,0 +1,93 @@
+#pragma once
+// torchvision's ImageFolder layout: JPEG and PNG images in one subdirectory per class,
+//
+//   <directory>/<class>/<image>.jpg | .jpeg | .png   (extensions in any case)
+//
+// Classes are the sorted subdirectory names (index = position); images are sorted by name
+// within a class, so sample order is the same on every machine. Names starting with '.' are
+// skipped (editor, macOS and notebook litter such as "._x.jpg"), and class directories are
+// not searched recursively.
+//
+// Images are decoded in get(), not at construction: JPEGs with libjpeg-turbo (at a reduced DCT
+// scale when much larger than needed), PNGs with libpng. A file whose content is neither, or
+// that is corrupt or truncated, is a DataError naming it.
+#include <train/data/dataset.h>
+#include <train/data/factory.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace train::data {
+
+// Sorted names of the class subdirectories of an ImageFolder split directory. DataError naming
+// the directory when it does not exist.
+std::vector<std::string> find_image_classes(const std::string& directory);
+
+// The JPEG decoding scale 1/denominator (denominator 1, 2, 4 or 8): the smallest whose decoded
+// image, ceil(width / d) x ceil(height / d), still has a shorter side of at least `needed`.
+// `needed` <= 0 means full size.
+int choose_jpeg_scale(int64_t width, int64_t height, int64_t needed);
+
+// Decodes a JPEG or PNG file, recognised by its first bytes, into RGB: uint8 [3, H, W], a
+// channels-first view of the decoder's interleaved pixels. Grayscale and palette images are
+// expanded to RGB, a PNG's alpha channel is dropped (not blended, like PIL's convert("RGB")),
+// and CMYK JPEGs are converted with the Adobe (inverted) convention. A JPEG is decoded at the
+// scale choose_jpeg_scale(width, height, needed) picks. DataError naming the file when it
+// cannot be read or decoded.
+torch::Tensor decode_image(const std::string& path, int64_t needed = 0);
+
+struct ImageFolderOptions {
+  std::string directory;             // the split directory, e.g. <root>/train
+  // Class names, index = position. Empty = the subdirectories of `directory`; a validation
+  // split passes the training split's list, so that labels agree.
+  std::vector<std::string> classes;
+  Split split = Split::Train;
+  int64_t image_size = 224;          // output H = W
+  // Val: the shorter side is resized to this before the center crop; 0 = round(image_size / 0.875),
+  // the ImageNet convention (256 for 224).
+  int64_t resize_size = 0;
+  double crop_min_scale = 0.08;      // Train: smallest area fraction of the random resized crop
+  bool random_flip = false;          // Train: horizontal flip with p = 0.5
+  std::vector<double> mean;          // per RGB channel, for inputs in [0, 1]; empty = none
+  std::vector<double> stddev;        // same length as mean
+};
+
+// get() returns a float [3, S, S] input in [0, 1] (normalised when mean / std are given) and a
+// 0-d int64 class index.
+//   Train: torchvision's RandomResizedCrop(S, scale = (crop_min_scale, 1), ratio = (3/4, 4/3)),
+//          then a horizontal flip with p = 0.5 when random_flip; all drawn from the sample seed.
+//   Val:   Resize(resize_size) of the shorter side, then CenterCrop(S).
+// Resizing is bilinear with antialiasing, as in torchvision. JPEGs are decoded at the smallest
+// DCT scale whose shorter side still covers the output (Train: S, Val: resize_size), so a large
+// photo decodes several times faster; a small random crop of it is then upsampled from the
+// reduced image rather than downsampled from the full one.
+class ImageFolderDataset : public Dataset {
+ public:
+  // Lists the images (no decoding). DataError naming the directory when it is missing, holds
+  // no image, or holds a class directory that is not in options.classes.
+  explicit ImageFolderDataset(ImageFolderOptions options);
+
+  int64_t size() const override { return static_cast<int64_t>(samples_.size()); }
+  Example get(int64_t index, uint64_t seed) const override;
+  std::vector<int64_t> input_shape() const override;
+  int64_t num_classes() const override { return static_cast<int64_t>(options_.classes.size()); }
+  std::string describe() const override;
+
+  const std::vector<std::string>& classes() const { return options_.classes; }
+  // The image file of sample `index` and its class index.
+  std::string path(int64_t index) const;
+  int64_t label(int64_t index) const;
+
+ private:
+  struct Sample {
+    std::string file;  // relative to options_.directory: "<class>/<name>"
+    int64_t label;
+  };
+  const Sample& sample(int64_t index) const;
+
+  ImageFolderOptions options_;
+  std::vector<Sample> samples_;
+};
+
+}  // namespace train::data

@@ -1,0 +1,305 @@
+// ImageFolder listing, JPEG / PNG decoding and ImageFolderDataset.
+#include <train/data/image_folder.h>
+#include <train/data/transforms.h>
+#include <train/errors.h>
+#include <train/files.h>
+
+#include <png.h>
+#include <turbojpeg.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace train::data {
+
+namespace {
+
+bool is_hidden(const std::string& name) { return !name.empty() && name.front() == '.'; }
+
+bool has_image_extension(const std::string& name) {
+  const auto dot = name.rfind('.');
+  if (dot == std::string::npos) return false;
+  std::string extension = name.substr(dot + 1);
+  std::transform(extension.begin(), extension.end(), extension.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return extension == "jpg" || extension == "jpeg" || extension == "png";
+}
+
+void require_directory(const std::string& directory) {
+  if (!files::is_directory(directory)) {
+    throw DataError(directory + ": " +
+                    (files::exists(directory) ? "not a directory" : "no such directory"));
+  }
+}
+
+// The file could be listed, so failing to read it now is a runtime failure, not bad input.
+std::vector<uint8_t> read_file(const std::string& path) {
+  std::FILE* file = std::fopen(path.c_str(), "rb");
+  if (file == nullptr) {
+    throw DataError(path + ": cannot open: " + std::strerror(errno), kExitRuntime);
+  }
+  const std::unique_ptr<std::FILE, int (*)(std::FILE*)> closer(file, &std::fclose);
+  std::vector<uint8_t> bytes;
+  constexpr size_t kChunk = size_t{1} << 16;
+  for (;;) {
+    const size_t filled = bytes.size();
+    bytes.resize(filled + kChunk);
+    const size_t got = std::fread(bytes.data() + filled, 1, kChunk, file);
+    bytes.resize(filled + got);
+    if (got < kChunk) break;
+  }
+  if (std::ferror(file)) {
+    throw DataError(path + ": cannot read: " + std::strerror(errno), kExitRuntime);
+  }
+  return bytes;
+}
+
+bool is_jpeg(const std::vector<uint8_t>& bytes) {
+  return bytes.size() >= 3 && bytes[0] == 0xFF && bytes[1] == 0xD8 && bytes[2] == 0xFF;
+}
+
+bool is_png(const std::vector<uint8_t>& bytes) {
+  return bytes.size() >= 8 && png_sig_cmp(bytes.data(), 0, 8) == 0;
+}
+
+// libjpeg warnings after which the pixels are still complete and correct: stray bytes between
+// markers (a few ImageNet files have them) and an unknown JFIF version. Every other warning
+// (data ended early, bad Huffman code, ...) leaves grey or garbled blocks, so it is an error.
+// TurboJPEG reports the first warning of an image, or the fatal error if one followed.
+bool is_harmless_jpeg_warning(const std::string& message) {
+  return message.find("extraneous bytes before marker") != std::string::npos ||
+         message.find("unknown JFIF revision") != std::string::npos;
+}
+
+// Adobe CMYK JPEGs store inverted ink values, so with c, m, y, k as decoded, R = c * k / 255 and
+// so on (the conversion of OpenCV and libjpeg-turbo's tools; colour management is out of scope).
+torch::Tensor cmyk_to_rgb(const torch::Tensor& cmyk) {
+  const int64_t pixels = cmyk.size(0) * cmyk.size(1);
+  torch::Tensor rgb = torch::empty({cmyk.size(0), cmyk.size(1), 3}, torch::kByte);
+  const uint8_t* in = cmyk.data_ptr<uint8_t>();
+  uint8_t* out = rgb.data_ptr<uint8_t>();
+  for (int64_t i = 0; i < pixels; ++i, in += 4, out += 3) {
+    for (int c = 0; c < 3; ++c) out[c] = static_cast<uint8_t>((in[c] * in[3] + 127) / 255);
+  }
+  return rgb;
+}
+
+// Decodes to interleaved uint8 [H, W, 3].
+torch::Tensor decode_jpeg(const std::string& path, const std::vector<uint8_t>& bytes,
+                          int64_t needed) {
+  const std::unique_ptr<void, int (*)(tjhandle)> handle(tjInitDecompress(), &tjDestroy);
+  if (!handle) {
+    throw Error(std::string("cannot create a TurboJPEG decompressor: ") + tjGetErrorStr2(nullptr));
+  }
+  int width = 0;
+  int height = 0;
+  int subsampling = 0;
+  int colorspace = 0;
+  if (tjDecompressHeader3(handle.get(), bytes.data(), bytes.size(), &width, &height, &subsampling,
+                          &colorspace) != 0) {
+    throw DataError(path + ": corrupt JPEG header: " + tjGetErrorStr2(handle.get()));
+  }
+  // Data that ends before the frame header "succeeds" without a size.
+  if (width <= 0 || height <= 0) {
+    throw DataError(path + ": truncated JPEG header (it ends before the image size)");
+  }
+  const int denominator = choose_jpeg_scale(width, height, needed);
+  const tjscalingfactor scale{1, denominator};
+  const int scaled_width = TJSCALED(width, scale);
+  const int scaled_height = TJSCALED(height, scale);
+  // TurboJPEG 2.1 cannot convert CMYK / YCCK to RGB itself.
+  const bool cmyk = colorspace == TJCS_CMYK || colorspace == TJCS_YCCK;
+  torch::Tensor pixels = torch::empty({scaled_height, scaled_width, cmyk ? 4 : 3}, torch::kByte);
+  // Asking for the scaled size makes TurboJPEG decode at that DCT scale.
+  if (tjDecompress2(handle.get(), bytes.data(), bytes.size(), pixels.data_ptr<uint8_t>(),
+                    scaled_width, 0, scaled_height, cmyk ? TJPF_CMYK : TJPF_RGB, 0) != 0) {
+    const std::string message = tjGetErrorStr2(handle.get());
+    if (!is_harmless_jpeg_warning(message)) {
+      throw DataError(path + ": corrupt or truncated JPEG: " + message);
+    }
+  }
+  return cmyk ? cmyk_to_rgb(pixels) : pixels;
+}
+
+// Frees libpng's decoder state however decoding ends (png_image_free is idempotent).
+struct PngImage {
+  png_image image{};
+  PngImage() { image.version = PNG_IMAGE_VERSION; }
+  ~PngImage() { png_image_free(&image); }
+  PngImage(const PngImage&) = delete;
+  PngImage& operator=(const PngImage&) = delete;
+};
+
+// Decodes to uint8 [H, W, 3] (possibly a view of [H, W, 4]).
+torch::Tensor decode_png(const std::string& path, const std::vector<uint8_t>& bytes) {
+  PngImage png;
+  if (png_image_begin_read_from_memory(&png.image, bytes.data(), bytes.size()) == 0) {
+    throw DataError(path + ": corrupt PNG: " + png.image.message);
+  }
+  // Read the alpha channel too and drop it afterwards: without it libpng would blend the
+  // image onto a background, while torchvision's loader (PIL's convert("RGB")) discards alpha.
+  const bool alpha = (png.image.format & PNG_FORMAT_FLAG_ALPHA) != 0;
+  png.image.format = alpha ? PNG_FORMAT_RGBA : PNG_FORMAT_RGB;
+  torch::Tensor pixels = torch::empty(
+      {static_cast<int64_t>(png.image.height), static_cast<int64_t>(png.image.width), alpha ? 4 : 3},
+      torch::kByte);
+  if (png_image_finish_read(&png.image, nullptr, pixels.data_ptr<uint8_t>(), 0, nullptr) == 0) {
+    throw DataError(path + ": corrupt or truncated PNG: " + png.image.message);
+  }
+  return pixels.narrow(2, 0, 3);
+}
+
+// uint8 [C,H,W] of any layout -> contiguous float [C,H,W], in one pass.
+torch::Tensor to_float(const torch::Tensor& image) {
+  return image.to(torch::kFloat, /*non_blocking=*/false, /*copy=*/false,
+                  torch::MemoryFormat::Contiguous);
+}
+
+}  // namespace
+
+std::vector<std::string> find_image_classes(const std::string& directory) {
+  require_directory(directory);
+  std::vector<std::string> classes;
+  for (const std::string& name : files::list_directory(directory)) {
+    if (!is_hidden(name) && files::is_directory(files::join(directory, name))) {
+      classes.push_back(name);
+    }
+  }
+  return classes;
+}
+
+int choose_jpeg_scale(int64_t width, int64_t height, int64_t needed) {
+  if (needed <= 0) return 1;
+  const int64_t shorter = std::min(width, height);
+  // Only 1/2, 1/4 and 1/8: libjpeg-turbo has dedicated fast reduced IDCTs for these. A scaled
+  // side is rounded up, as libjpeg sizes it (TJSCALED).
+  for (const int denominator : {8, 4, 2}) {
+    if ((shorter + denominator - 1) / denominator >= needed) return denominator;
+  }
+  return 1;
+}
+
+torch::Tensor decode_image(const std::string& path, int64_t needed) {
+  const std::vector<uint8_t> bytes = read_file(path);
+  torch::Tensor pixels;
+  if (is_jpeg(bytes)) {
+    pixels = decode_jpeg(path, bytes, needed);
+  } else if (is_png(bytes)) {
+    pixels = decode_png(path, bytes);
+  } else {
+    throw DataError(path + ": not a JPEG or PNG file (unrecognised first bytes)");
+  }
+  return pixels.permute({2, 0, 1});
+}
+
+ImageFolderDataset::ImageFolderDataset(ImageFolderOptions options) : options_(std::move(options)) {
+  if (options_.resize_size == 0) {
+    options_.resize_size = std::lround(static_cast<double>(options_.image_size) / 0.875);
+  }
+  if (options_.image_size < 1 || options_.resize_size < options_.image_size) {
+    throw std::invalid_argument("ImageFolderDataset: need 1 <= image_size <= resize_size");
+  }
+  if (!(options_.crop_min_scale > 0.0 && options_.crop_min_scale <= 1.0)) {
+    throw std::invalid_argument("ImageFolderDataset: crop_min_scale must be in (0, 1]");
+  }
+  if (options_.mean.size() != options_.stddev.size() ||
+      (!options_.mean.empty() && options_.mean.size() != 3)) {
+    throw std::invalid_argument("ImageFolderDataset: mean and stddev need 3 values each, or none");
+  }
+
+  const std::string& directory = options_.directory;
+  const std::vector<std::string> found = find_image_classes(directory);
+  if (options_.classes.empty()) options_.classes = found;
+  std::map<std::string, int64_t> label_of;
+  for (size_t i = 0; i < options_.classes.size(); ++i) {
+    label_of.emplace(options_.classes[i], static_cast<int64_t>(i));
+  }
+
+  for (const std::string& name : found) {
+    const auto label = label_of.find(name);
+    const std::string class_directory = files::join(directory, name);
+    if (label == label_of.end()) {
+      throw DataError(class_directory + ": class '" + name +
+                      "' is not among the training split's classes");
+    }
+    for (const std::string& file : files::list_directory(class_directory)) {
+      if (!is_hidden(file) && has_image_extension(file)) {
+        samples_.push_back(Sample{name + "/" + file, label->second});
+      }
+    }
+  }
+  if (samples_.empty()) {
+    throw DataError(directory + ": no images (.jpg, .jpeg or .png) in any class subdirectory");
+  }
+}
+
+const ImageFolderDataset::Sample& ImageFolderDataset::sample(int64_t index) const {
+  if (index < 0 || index >= size()) {
+    throw std::out_of_range(options_.directory + ": index " + std::to_string(index) +
+                            " out of range [0, " + std::to_string(size()) + ")");
+  }
+  return samples_[static_cast<size_t>(index)];
+}
+
+std::string ImageFolderDataset::path(int64_t index) const {
+  return files::join(options_.directory, sample(index).file);
+}
+
+int64_t ImageFolderDataset::label(int64_t index) const { return sample(index).label; }
+
+Example ImageFolderDataset::get(int64_t index, uint64_t seed) const {
+  const int64_t side = options_.image_size;
+  torch::Tensor image;
+  if (options_.split == Split::Train) {
+    const torch::Tensor decoded = decode_image(path(index), side);
+    SplitMix64 rng(seed);
+    const CropBox box = random_resized_crop_box(decoded.size(1), decoded.size(2),
+                                                options_.crop_min_scale, 1.0, 3.0 / 4.0, 4.0 / 3.0,
+                                                rng);
+    const torch::Tensor crop =
+        decoded.narrow(1, box.top, box.height).narrow(2, box.left, box.width);
+    image = resize_bilinear(to_float(crop), side, side);
+    if (options_.random_flip && rng.below(2) == 1) image = hflip(image);
+  } else {
+    const torch::Tensor decoded = decode_image(path(index), options_.resize_size);
+    image = center_crop(resize_shorter_side(to_float(decoded), options_.resize_size), side);
+  }
+  image = image.div(255.0);
+  if (!options_.mean.empty()) image = normalize(image, options_.mean, options_.stddev);
+  return Example{image, torch::scalar_tensor(label(index), torch::kLong)};
+}
+
+std::vector<int64_t> ImageFolderDataset::input_shape() const {
+  return {3, options_.image_size, options_.image_size};
+}
+
+std::string ImageFolderDataset::describe() const {
+  const int64_t side = options_.image_size;
+  std::ostringstream out;
+  out << "image_folder: " << options_.directory << " ("
+      << (options_.split == Split::Train ? "train" : "val") << "): " << samples_.size()
+      << " images, " << options_.classes.size() << " classes, 3x" << side << "x" << side
+      << ", transforms: ";
+  if (options_.split == Split::Train) {
+    out << "random_resized_crop(" << side << ", scale " << options_.crop_min_scale
+        << "-1, ratio 3/4-4/3)";
+    if (options_.random_flip) out << ", random_flip";
+  } else {
+    out << "resize(" << options_.resize_size << "), center_crop(" << side << ")";
+  }
+  if (!options_.mean.empty()) out << ", normalize";
+  return out.str();
+}
+
+}  // namespace train::data

@@ -1,0 +1,518 @@
+// ImageFolder: listing, JPEG / PNG decoding (scaled, grayscale, CMYK, alpha), the train and val
+// transforms, error messages and the loader. Every image is generated in a temporary directory
+// with TurboJPEG's encoder and libpng's simplified writer.
+#include "testing.h"
+
+#include <png.h>
+#include <turbojpeg.h>
+
+#include <cstdint>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "train/config.h"
+#include "train/data/factory.h"
+#include "train/data/image_folder.h"
+#include "train/data/loader.h"
+#include "train/data/transforms.h"
+#include "train/errors.h"
+#include "train/files.h"
+
+using namespace train::data;
+using Catch::Matchers::Contains;
+namespace files = train::files;
+
+namespace {
+
+// A fresh temporary directory, removed with its contents at scope end.
+struct TempDir {
+  std::string path = files::make_temp_directory("train_test_image_folder_");
+  ~TempDir() { files::remove_all(path); }
+  std::string operator/(const std::string& name) const { return files::join(path, name); }
+};
+
+// Interleaved 8-bit pixels, `channels` per pixel.
+struct Pixels {
+  int width;
+  int height;
+  int channels;
+  std::vector<uint8_t> data;
+};
+
+// A smooth pattern that differs between channels and with `variant`, so that crops of
+// different places differ.
+Pixels pattern(int width, int height, int channels, int variant = 0) {
+  Pixels p{width, height, channels, {}};
+  p.data.resize(static_cast<size_t>(width) * height * channels);
+  for (int y = 0; y < height; ++y) {
+    for (int x = 0; x < width; ++x) {
+      for (int c = 0; c < channels; ++c) {
+        const int value = (x * (c + 1) + y * (3 - c) + 40 * variant) % 256;
+        p.data[(static_cast<size_t>(y) * width + x) * channels + c] = static_cast<uint8_t>(value);
+      }
+    }
+  }
+  return p;
+}
+
+Pixels solid(int width, int height, std::vector<uint8_t> colour) {
+  Pixels p{width, height, static_cast<int>(colour.size()), {}};
+  for (int i = 0; i < width * height; ++i) p.data.insert(p.data.end(), colour.begin(), colour.end());
+  return p;
+}
+
+void write_file(const std::string& path, const std::vector<uint8_t>& bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  REQUIRE(out.good());
+}
+
+std::vector<uint8_t> read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
+}
+
+// RGB, grayscale (1 channel) or CMYK (4 channels) pixels as a JPEG file.
+void write_jpeg(const std::string& path, const Pixels& p) {
+  const int format = p.channels == 1 ? TJPF_GRAY : p.channels == 3 ? TJPF_RGB : TJPF_CMYK;
+  const int subsampling = p.channels == 1 ? TJSAMP_GRAY : p.channels == 3 ? TJSAMP_420 : TJSAMP_444;
+  const std::unique_ptr<void, int (*)(tjhandle)> handle(tjInitCompress(), &tjDestroy);
+  REQUIRE(handle);
+  unsigned char* jpeg = nullptr;
+  unsigned long size = 0;
+  REQUIRE(tjCompress2(handle.get(), p.data.data(), p.width, 0, p.height, format, &jpeg, &size,
+                      subsampling, 95, 0) == 0);
+  write_file(path, std::vector<uint8_t>(jpeg, jpeg + size));
+  tjFree(jpeg);
+}
+
+// RGB (3 channels) or RGBA (4 channels) pixels as a PNG file.
+void write_png(const std::string& path, const Pixels& p) {
+  png_image image{};
+  image.version = PNG_IMAGE_VERSION;
+  image.width = static_cast<png_uint_32>(p.width);
+  image.height = static_cast<png_uint_32>(p.height);
+  image.format = p.channels == 4 ? PNG_FORMAT_RGBA : PNG_FORMAT_RGB;
+  REQUIRE(png_image_write_to_file(&image, path.c_str(), 0, p.data.data(), 0, nullptr) != 0);
+}
+
+// <root>/train: ant, bee and cat with 4 images each (varied sizes, one grayscale JPEG, one PNG,
+// upper-case extensions) and an empty class dog, plus files that are not listed;
+// <root>/val: ant and cat with 2 images each, bee empty.
+void make_image_folder(const std::string& root) {
+  const std::string train = files::join(root, "train");
+  for (const char* name : {"ant", "bee", "cat", "dog"}) files::make_directories(train + "/" + name);
+  write_jpeg(train + "/ant/a0.jpg", pattern(500, 375, 3, 0));
+  write_jpeg(train + "/ant/a1.JPG", pattern(64, 48, 3, 1));
+  write_jpeg(train + "/ant/a2.jpeg", pattern(120, 90, 1, 2));  // grayscale
+  write_png(train + "/ant/a3.png", pattern(40, 30, 3, 3));
+  for (int i = 0; i < 4; ++i) {
+    write_jpeg(train + "/bee/b" + std::to_string(i) + ".jpg", pattern(96 + 8 * i, 72, 3, i));
+  }
+  write_jpeg(train + "/cat/c0.jpg", pattern(1000, 800, 3, 0));  // decoded at 1/2 scale
+  write_jpeg(train + "/cat/c1.JPEG", pattern(64, 64, 3, 1));
+  write_png(train + "/cat/c2.PNG", pattern(50, 70, 3, 2));
+  write_jpeg(train + "/cat/c3.jpg", pattern(80, 60, 3, 3));
+  // Not images of the dataset: other extensions, hidden files, directories within a class.
+  write_file(train + "/ant/notes.txt", {'h', 'i'});
+  write_file(train + "/bee/._b0.jpg", {0, 5, 22, 7});
+  files::make_directories(train + "/cat/nested");
+  write_jpeg(train + "/cat/nested/c9.jpg", pattern(32, 32, 3));
+  files::make_directories(train + "/.cache");
+
+  const std::string val = files::join(root, "val");
+  for (const char* name : {"ant", "bee", "cat"}) files::make_directories(val + "/" + name);
+  write_jpeg(val + "/ant/v0.jpg", pattern(300, 200, 3, 4));
+  write_jpeg(val + "/ant/v1.jpg", pattern(64, 48, 3, 5));
+  write_jpeg(val + "/cat/v2.jpg", pattern(200, 300, 3, 6));
+  write_png(val + "/cat/v3.png", pattern(40, 30, 3, 7));
+}
+
+train::DataConfig folder_config(const std::string& root) {
+  train::DataConfig config;
+  config.kind = "image_folder";
+  config.root = root;
+  config.image_size = 32;
+  config.random_flip = true;
+  return config;
+}
+
+std::string data_error(const std::function<void()>& action) {
+  try {
+    action();
+  } catch (const train::DataError& e) {
+    return e.what();
+  }
+  FAIL("expected a DataError");
+  return "";
+}
+
+std::string config_error(const train::DataConfig& config, Split split) {
+  try {
+    make_dataset(config, split);
+  } catch (const train::ConfigError& e) {
+    return e.what();
+  }
+  FAIL("expected a ConfigError");
+  return "";
+}
+
+std::vector<Batch> run_epoch(const DatasetPtr& dataset, int64_t workers, int64_t epoch) {
+  LoaderOptions options;
+  options.batch_size = 5;
+  options.drop_last = false;
+  options.workers = workers;
+  options.seed = 99;
+  Loader loader(dataset, options);
+  loader.start({epoch, 0});
+  std::vector<Batch> batches;
+  while (std::optional<Batch> batch = loader.next()) batches.push_back(*batch);
+  return batches;
+}
+
+}  // namespace
+
+TEST_CASE("ImageFolder lists sorted classes and images", "[data][image_folder]") {
+  TempDir dir;
+  make_image_folder(dir.path);
+  const auto train = make_dataset(folder_config(dir.path), Split::Train);
+  const auto& folder = dynamic_cast<const ImageFolderDataset&>(*train);
+
+  CHECK(folder.classes() == std::vector<std::string>{"ant", "bee", "cat", "dog"});
+  CHECK(folder.num_classes() == 4);
+  REQUIRE(folder.size() == 12);
+  const std::vector<std::string> expected_files = {
+      "ant/a0.jpg", "ant/a1.JPG", "ant/a2.jpeg", "ant/a3.png", "bee/b0.jpg",  "bee/b1.jpg",
+      "bee/b2.jpg", "bee/b3.jpg", "cat/c0.jpg",  "cat/c1.JPEG", "cat/c2.PNG", "cat/c3.jpg"};
+  for (int64_t i = 0; i < folder.size(); ++i) {
+    CHECK(folder.path(i) == dir / ("train/" + expected_files[i]));
+    CHECK(folder.label(i) == i / 4);
+  }
+  CHECK(folder.input_shape() == std::vector<int64_t>{3, 32, 32});
+  CHECK_THAT(folder.describe(),
+             Contains(dir / "train") && Contains("(train)") && Contains("12 images") &&
+                 Contains("4 classes") && Contains("3x32x32") &&
+                 Contains("random_resized_crop(32, scale 0.08-1, ratio 3/4-4/3), random_flip"));
+
+  // Val reads its own directory but labels by the training classes; bee is empty there.
+  const auto val = make_dataset(folder_config(dir.path), Split::Val);
+  const auto& val_folder = dynamic_cast<const ImageFolderDataset&>(*val);
+  CHECK(val_folder.classes() == folder.classes());
+  REQUIRE(val_folder.size() == 4);
+  CHECK(val_folder.label(0) == 0);
+  CHECK(val_folder.label(2) == 2);
+  CHECK(val_folder.path(3) == dir / "val/cat/v3.png");
+  CHECK_THAT(val_folder.describe(),
+             Contains("(val)") && Contains("resize(37), center_crop(32)"));  // round(32 / 0.875)
+}
+
+TEST_CASE("ImageFolder training samples are random resized crops fixed by the seed",
+          "[data][image_folder]") {
+  TempDir dir;
+  make_image_folder(dir.path);
+  const auto train = make_dataset(folder_config(dir.path), Split::Train);
+
+  for (int64_t i = 0; i < train->size(); ++i) {
+    INFO("sample " << i);
+    const Example example = train->get(i, 1000 + i);
+    CHECK(example.input.sizes() == torch::IntArrayRef{3, 32, 32});
+    CHECK(example.input.scalar_type() == torch::kFloat);
+    CHECK(example.input.is_contiguous());
+    CHECK(example.input.min().item<float>() >= 0.0f);
+    CHECK(example.input.max().item<float>() <= 1.0f);
+    CHECK(example.target.dim() == 0);
+    CHECK(example.target.scalar_type() == torch::kLong);
+    CHECK(example.target.item<int64_t>() == i / 4);
+  }
+  for (int64_t i : {0, 8}) {  // 500x375 and 1000x800 (scaled decode)
+    const torch::Tensor first = train->get(i, 7).input;
+    CHECK(torch::equal(first, train->get(i, 7).input));
+    CHECK_FALSE(torch::equal(first, train->get(i, 8).input));
+  }
+}
+
+TEST_CASE("random_resized_crop_box follows torchvision's rules", "[data][image_folder]") {
+  SECTION("draws fit the image, the area range and the ratio range") {
+    for (uint64_t seed = 0; seed < 200; ++seed) {
+      SplitMix64 rng(seed);
+      const CropBox box = random_resized_crop_box(375, 500, 0.08, 1.0, 3.0 / 4.0, 4.0 / 3.0, rng);
+      INFO("seed " << seed << ": " << box.top << "," << box.left << " " << box.height << "x"
+                   << box.width);
+      CHECK(box.top >= 0);
+      CHECK(box.left >= 0);
+      CHECK(box.top + box.height <= 375);
+      CHECK(box.left + box.width <= 500);
+      const double area = static_cast<double>(box.height * box.width) / (375.0 * 500.0);
+      CHECK(area >= 0.07);  // 0.08 up to rounding of the sides
+      // 3/4 and 4/3, up to rounding of sides of at least ~100 pixels
+      CHECK(static_cast<double>(box.width) / box.height >= 0.73);
+      CHECK(static_cast<double>(box.width) / box.height <= 1.37);
+    }
+  }
+  SECTION("when nothing fits, the central crop with the ratio clamped") {
+    // A 10x1000 strip: any crop with a ratio in [3/4, 4/3] and area >= 0.5 is too tall.
+    SplitMix64 rng(1);
+    const CropBox tall = random_resized_crop_box(1000, 10, 0.5, 1.0, 3.0 / 4.0, 4.0 / 3.0, rng);
+    CHECK(tall.width == 10);
+    CHECK(tall.height == 13);  // round(10 / 0.75)
+    CHECK(tall.top == (1000 - 13) / 2);
+    CHECK(tall.left == 0);
+    const CropBox wide = random_resized_crop_box(10, 1000, 0.5, 1.0, 3.0 / 4.0, 4.0 / 3.0, rng);
+    CHECK(wide.height == 10);
+    CHECK(wide.width == 13);  // round(10 * 4 / 3)
+    CHECK(wide.left == (1000 - 13) / 2);
+  }
+}
+
+TEST_CASE("ImageFolder validation samples are the center crop of the resized image",
+          "[data][image_folder]") {
+  TempDir dir;
+  // Validation lists the training split's classes only; its images are not read.
+  const std::string cls = dir / "val/c";
+  files::make_directories(cls);
+  files::make_directories(dir / "train/c");
+
+  SECTION("a linear gradient, halved and cropped, normalised") {
+    // 80x60, R = 3x, G = 4y, B = 2x + y + 10: bilinear halving of a linear ramp samples it at
+    // 2j + 0.5 (away from the borders, also with antialiasing). Shorter side 60 -> 30 gives
+    // 40x30, and the 24x24 center crop starts at row round(3) = 3, column round(8) = 8.
+    Pixels gradient{80, 60, 3, {}};
+    for (int y = 0; y < 60; ++y) {
+      for (int x = 0; x < 80; ++x) {
+        gradient.data.insert(gradient.data.end(), {static_cast<uint8_t>(3 * x),
+                                                   static_cast<uint8_t>(4 * y),
+                                                   static_cast<uint8_t>(2 * x + y + 10)});
+      }
+    }
+    write_png(cls + "/gradient.png", gradient);
+    train::DataConfig config = folder_config(dir.path);
+    config.image_size = 24;
+    config.resize_size = 30;
+    config.mean = {0.5, 0.25, 0.0};
+    config.std = {0.5, 2.0, 1.0};
+    const auto val = make_dataset(config, Split::Val);
+    const torch::Tensor out = val->get(0, 123).input;
+    REQUIRE(out.sizes() == torch::IntArrayRef{3, 24, 24});
+
+    torch::Tensor expected = torch::empty({3, 24, 24});
+    auto e = expected.accessor<float, 3>();
+    for (int y = 0; y < 24; ++y) {
+      for (int x = 0; x < 24; ++x) {
+        const double sx = 2.0 * (x + 8) + 0.5;
+        const double sy = 2.0 * (y + 3) + 0.5;
+        e[0][y][x] = static_cast<float>((3.0 * sx / 255.0 - 0.5) / 0.5);
+        e[1][y][x] = static_cast<float>((4.0 * sy / 255.0 - 0.25) / 2.0);
+        e[2][y][x] = static_cast<float>((2.0 * sx + sy + 10.0) / 255.0);
+      }
+    }
+    CHECK(torch::allclose(out, expected, /*rtol=*/0.0, /*atol=*/1e-4));
+    CHECK(torch::equal(out, val->get(0, 456).input));  // no randomness
+  }
+
+  SECTION("a solid colour JPEG keeps its colour") {
+    write_jpeg(cls + "/solid.jpg", solid(300, 200, {200, 100, 50}));
+    const auto val = make_dataset(folder_config(dir.path), Split::Val);
+    const torch::Tensor out = val->get(0, 0).input;
+    REQUIRE(out.sizes() == torch::IntArrayRef{3, 32, 32});
+    const torch::Tensor colour = torch::tensor({200.0f, 100.0f, 50.0f}).view({3, 1, 1}) / 255.0;
+    CHECK((out - colour).abs().max().item<float>() <= 3.0f / 255.0f);
+  }
+}
+
+TEST_CASE("JPEGs much larger than needed decode at a reduced DCT scale", "[data][image_folder]") {
+  CHECK(choose_jpeg_scale(1000, 800, 224) == 2);  // 1/4 would be 250x200
+  CHECK(choose_jpeg_scale(1000, 800, 200) == 4);
+  CHECK(choose_jpeg_scale(1000, 800, 100) == 8);
+  CHECK(choose_jpeg_scale(1000, 801, 101) == 8);  // ceil(801 / 8) = 101
+  CHECK(choose_jpeg_scale(1000, 800, 101) == 4);
+  CHECK(choose_jpeg_scale(500, 375, 224) == 1);
+  CHECK(choose_jpeg_scale(64, 48, 224) == 1);
+  CHECK(choose_jpeg_scale(4000, 3000, 0) == 1);
+
+  TempDir dir;
+  write_jpeg(dir / "big.jpg", pattern(1000, 800, 3));
+  const torch::Tensor full = decode_image(dir / "big.jpg");
+  CHECK(full.sizes() == torch::IntArrayRef{3, 800, 1000});
+  const torch::Tensor half = decode_image(dir / "big.jpg", 224);
+  CHECK(half.sizes() == torch::IntArrayRef{3, 400, 500});
+  CHECK(decode_image(dir / "big.jpg", 100).sizes() == torch::IntArrayRef{3, 100, 125});
+  // The reduced image is the full one, smaller: same mean colour per channel.
+  const torch::Tensor full_mean = full.to(torch::kFloat).mean({1, 2});
+  const torch::Tensor half_mean = half.to(torch::kFloat).mean({1, 2});
+  CHECK(torch::allclose(full_mean, half_mean, 0.0, 1.0));
+}
+
+TEST_CASE("Grayscale, CMYK and alpha images decode to RGB", "[data][image_folder]") {
+  TempDir dir;
+  SECTION("grayscale JPEG: three equal channels") {
+    write_jpeg(dir / "gray.jpg", pattern(40, 30, 1));
+    const torch::Tensor image = decode_image(dir / "gray.jpg");
+    REQUIRE(image.sizes() == torch::IntArrayRef{3, 30, 40});
+    CHECK(torch::equal(image[0], image[1]));
+    CHECK(torch::equal(image[0], image[2]));
+  }
+  SECTION("CMYK JPEG (inverted, as Adobe writes it)") {
+    // Stored (200, 100, 50, 255) = no black ink: RGB (200, 100, 50).
+    write_jpeg(dir / "cmyk.jpg", solid(24, 16, {200, 100, 50, 255}));
+    const torch::Tensor image = decode_image(dir / "cmyk.jpg").to(torch::kInt);
+    REQUIRE(image.sizes() == torch::IntArrayRef{3, 16, 24});
+    const torch::Tensor colour = torch::tensor({200, 100, 50}, torch::kInt).view({3, 1, 1});
+    CHECK((image - colour).abs().max().item<int>() <= 2);
+  }
+  SECTION("RGBA PNG: alpha dropped, colours not blended") {
+    write_png(dir / "alpha.png", solid(8, 6, {10, 20, 30, 0}));
+    const torch::Tensor image = decode_image(dir / "alpha.png").to(torch::kInt);
+    REQUIRE(image.sizes() == torch::IntArrayRef{3, 6, 8});
+    CHECK(torch::equal(image, torch::tensor({10, 20, 30}, torch::kInt).view({3, 1, 1}).expand({3, 6, 8})));
+  }
+}
+
+TEST_CASE("Damaged and mislabelled image files are errors naming the file",
+          "[data][image_folder]") {
+  TempDir dir;
+  write_jpeg(dir / "good.jpg", pattern(200, 150, 3));  // half of it ends within the scan
+  const std::vector<uint8_t> jpeg = read_file(dir / "good.jpg");
+
+  SECTION("truncated JPEG data") {
+    write_file(dir / "cut.jpg", std::vector<uint8_t>(jpeg.begin(), jpeg.begin() + jpeg.size() / 2));
+    CHECK_THAT(data_error([&] { decode_image(dir / "cut.jpg"); }),
+               Contains(dir / "cut.jpg") && Contains("Premature end of JPEG file"));
+  }
+  SECTION("truncated JPEG header") {
+    write_file(dir / "stub.jpg", std::vector<uint8_t>(jpeg.begin(), jpeg.begin() + 40));
+    CHECK_THAT(data_error([&] { decode_image(dir / "stub.jpg"); }),
+               Contains(dir / "stub.jpg") && Contains("JPEG header"));
+  }
+  SECTION("stray bytes before the end marker are harmless") {
+    std::vector<uint8_t> padded(jpeg.begin(), jpeg.end() - 2);
+    padded.insert(padded.end(), {0x12, 0x34, 0xFF, 0xD9});
+    write_file(dir / "padded.jpg", padded);
+    CHECK(torch::equal(decode_image(dir / "padded.jpg"), decode_image(dir / "good.jpg")));
+  }
+  SECTION("truncated PNG") {
+    write_png(dir / "good.png", pattern(64, 48, 3));
+    const std::vector<uint8_t> png = read_file(dir / "good.png");
+    write_file(dir / "cut.png", std::vector<uint8_t>(png.begin(), png.begin() + png.size() / 2));
+    CHECK_THAT(data_error([&] { decode_image(dir / "cut.png"); }),
+               Contains(dir / "cut.png") && Contains("PNG"));
+  }
+  SECTION("text with a .jpg name, and an empty file") {
+    write_file(dir / "notes.jpg", {'h', 'e', 'l', 'l', 'o'});
+    write_file(dir / "empty.png", {});
+    CHECK_THAT(data_error([&] { decode_image(dir / "notes.jpg"); }),
+               Contains(dir / "notes.jpg") && Contains("not a JPEG or PNG file"));
+    CHECK_THAT(data_error([&] { decode_image(dir / "empty.png"); }),
+               Contains(dir / "empty.png") && Contains("not a JPEG or PNG file"));
+  }
+  SECTION("through the loader, with the sample index") {
+    files::make_directories(dir / "train/a");
+    write_jpeg(dir / "train/a/0.jpg", pattern(64, 48, 3));
+    write_file(dir / "train/a/1.jpg", {'t', 'e', 'x', 't'});
+    const auto train = make_dataset(folder_config(dir.path), Split::Train);
+    LoaderOptions options;
+    options.batch_size = 2;
+    options.shuffle = false;
+    options.workers = 1;
+    Loader loader(train, options);
+    loader.start({0, 0});
+    CHECK_THAT(data_error([&] { loader.next(); }),
+               Contains("sample 1") && Contains(dir / "train/a/1.jpg"));
+  }
+}
+
+TEST_CASE("ImageFolder directory and config errors", "[data][image_folder]") {
+  TempDir dir;
+  make_image_folder(dir.path);
+
+  SECTION("a missing root or split directory names the path") {
+    train::DataConfig config = folder_config(dir / "nowhere");
+    try {
+      make_dataset(config, Split::Train);
+      FAIL("expected a DataError");
+    } catch (const train::DataError& e) {
+      CHECK_THAT(std::string(e.what()), Contains(dir / "nowhere"));
+      CHECK(e.exit_code() == train::kExitInvalid);
+    }
+    config = folder_config(dir.path);
+    config.val_dir = "validation";
+    CHECK_THAT(data_error([&] { make_dataset(config, Split::Val); }),
+               Contains(dir / "validation") && Contains("no such directory"));
+  }
+  SECTION("a validation class that training lacks") {
+    files::make_directories(dir / "val/emu");
+    CHECK_THAT(data_error([&] { make_dataset(folder_config(dir.path), Split::Val); }),
+               Contains(dir / "val/emu") && Contains("not among the training split's classes"));
+  }
+  SECTION("a split without images") {
+    files::make_directories(dir / "empty/a");
+    files::make_directories(dir / "empty/b");
+    train::DataConfig config = folder_config(dir.path);
+    config.train_dir = "empty";
+    CHECK_THAT(data_error([&] { make_dataset(config, Split::Train); }),
+               Contains(dir / "empty") && Contains("no images"));
+  }
+  SECTION("settings that do not fit the kind") {
+    train::DataConfig config = folder_config(dir.path);
+    config.root = "";
+    CHECK_THAT(config_error(config, Split::Train), Contains("data.root is required"));
+    config = folder_config(dir.path);
+    config.random_crop = true;
+    CHECK_THAT(config_error(config, Split::Train), Contains("data.random_crop"));
+    config = folder_config(dir.path);
+    config.resize_size = 31;
+    CHECK_THAT(config_error(config, Split::Val), Contains("data.resize_size is 31"));
+    config = folder_config(dir.path);
+    config.mean = {0.5};
+    config.std = {0.5};
+    CHECK_THAT(config_error(config, Split::Train), Contains("3 channel(s)"));
+  }
+}
+
+TEST_CASE("image_folder config keys have defaults and are validated", "[data][image_folder]") {
+  const std::string required = "model: {name: resnet50}\ntrainer: {global_batch: 256, epochs: 90}\n";
+  const train::Config config = train::parse_config(
+      required + "data: {kind: image_folder, root: /data/imagenet, image_size: 224}\n", "in.yaml");
+  CHECK(config.data.train_dir == "train");
+  CHECK(config.data.val_dir == "val");
+  CHECK(config.data.resize_size == 0);
+  CHECK(config.data.crop_min_scale == 0.08);
+
+  auto error = [&](const std::string& data) {
+    try {
+      train::parse_config(required + "data: " + data + "\n", "in.yaml");
+    } catch (const train::ConfigError& e) {
+      return std::string(e.what());
+    }
+    FAIL("expected a ConfigError for " << data);
+    return std::string();
+  };
+  CHECK_THAT(error("{kind: image_folder}"),
+             Contains("key 'data.root': required when data.kind is 'image_folder'"));
+  CHECK_THAT(error("{kind: image_folder, root: /d, image_size: 224, resize_size: 200}"),
+             Contains("key 'data.resize_size'") && Contains("smaller than data.image_size (224)"));
+  CHECK_THAT(error("{kind: image_folder, root: /d, crop_min_scale: 0}"),
+             Contains("key 'data.crop_min_scale'"));
+}
+
+TEST_CASE("ImageFolder batches are the same for 0 and 2 loader workers", "[data][image_folder]") {
+  TempDir dir;
+  make_image_folder(dir.path);
+  for (const Split split : {Split::Train, Split::Val}) {
+    const auto dataset = make_dataset(folder_config(dir.path), split);
+    for (int64_t epoch : {0, 1}) {
+      const std::vector<Batch> serial = run_epoch(dataset, 0, epoch);
+      const std::vector<Batch> parallel = run_epoch(dataset, 2, epoch);
+      REQUIRE(serial.size() == parallel.size());
+      for (size_t b = 0; b < serial.size(); ++b) {
+        INFO("epoch " << epoch << " batch " << b);
+        CHECK(torch::equal(serial[b].input, parallel[b].input));
+        CHECK(torch::equal(serial[b].target, parallel[b].target));
+      }
+    }
+  }
+}
