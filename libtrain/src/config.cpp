@@ -24,6 +24,7 @@
 #include <utility>
 #include <variant>
 
+#include "suggest.h"
 #include "train/errors.h"
 #include "train/files.h"
 
@@ -358,35 +359,7 @@ bool is_section(const std::string& name) {
 
 // ---- Did-you-mean ------------------------------------------------------------------------------
 
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> previous(b.size() + 1), current(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) previous[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    current[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t substitution = previous[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
-      current[j] = std::min({previous[j] + 1, current[j - 1] + 1, substitution});
-    }
-    std::swap(previous, current);
-  }
-  return previous[b.size()];
-}
-
-// The index of the candidate closest to `word`, if it is close enough to be a plausible typo.
-// A candidate that would replace every character of `word` is never suggested.
-std::optional<size_t> closest(const std::string& word, const std::vector<std::string>& candidates) {
-  const size_t limit = std::max<size_t>(2, word.size() / 3);
-  std::optional<size_t> best;
-  size_t best_distance = 0;
-  for (size_t i = 0; i < candidates.size(); ++i) {
-    const size_t d = edit_distance(word, candidates[i]);
-    if (d <= limit && d < word.size() && (!best || d < best_distance)) {
-      best = i;
-      best_distance = d;
-    }
-  }
-  return best;
-}
+using detail::closest_index;
 
 std::string join(const std::vector<std::string>& items, const std::string& separator) {
   std::string text;
@@ -401,7 +374,7 @@ std::string did_you_mean(const std::string& suggestion) {
 std::string unknown_section_problem(const std::string& name) {
   std::vector<std::string> names;
   for (const SectionInfo& s : kSections) names.emplace_back(s.name);
-  if (const auto i = closest(name, names)) return "unknown section" + did_you_mean(names[*i]);
+  if (const auto i = closest_index(name, names)) return "unknown section" + did_you_mean(names[*i]);
   return "unknown section; the sections are " + join(names, ", ");
 }
 
@@ -417,9 +390,9 @@ std::string unknown_key_problem(const std::string& section, const std::string& n
       elsewhere_paths.push_back(key.path);
     }
   }
-  if (const auto i = closest(name, here))
+  if (const auto i = closest_index(name, here))
     return "unknown key" + did_you_mean(section + "." + here[*i]);
-  if (const auto i = closest(name, elsewhere))
+  if (const auto i = closest_index(name, elsewhere))
     return "unknown key" + did_you_mean(elsewhere_paths[*i]);
   return "unknown key in section '" + section + "'";
 }
@@ -435,10 +408,10 @@ std::string unknown_path_problem(const std::string& path) {
     paths.push_back(key.path);
     names.push_back(key.name);
   }
-  if (const auto i = closest(path, paths)) return "unknown key" + did_you_mean(paths[*i]);
+  if (const auto i = closest_index(path, paths)) return "unknown key" + did_you_mean(paths[*i]);
   const size_t last_dot = path.rfind('.');
   const std::string last_name = last_dot == std::string::npos ? path : path.substr(last_dot + 1);
-  if (const auto i = closest(last_name, names)) return "unknown key" + did_you_mean(paths[*i]);
+  if (const auto i = closest_index(last_name, names)) return "unknown key" + did_you_mean(paths[*i]);
   return "unknown key (keys are written section.name, e.g. optim.lr)";
 }
 
@@ -626,7 +599,7 @@ Value read_value(const Key& key, const YAML::Node& node, const std::string& wher
       const std::string text = node.IsNull() ? "" : node.Scalar();
       if (key.type == Type::Enum &&
           std::find(key.allowed.begin(), key.allowed.end(), text) == key.allowed.end()) {
-        const auto suggestion = closest(text, key.allowed);
+        const auto suggestion = closest_index(text, key.allowed);
         fail(where, key.path,
              "must be one of " + join(key.allowed, ", ") + ", got '" + text + "'" +
                  (suggestion ? did_you_mean(key.allowed[*suggestion]) : ""));

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "compat.h"
+#include "suggest.h"
 #include "train/errors.h"
 
 #ifdef TRAIN_WITH_CUDA
@@ -198,34 +199,6 @@ std::vector<const GpuSpec*> same_architecture(int cc_major, int cc_minor, std::s
   *basis = "newest known compute capability below " + cc_text(cc_major, cc_minor) + " (" +
            cc_text(newest.first, newest.second) + ")";
   return specs_where([&](const GpuSpec& s) { return std::make_pair(s.cc_major, s.cc_minor) == newest; });
-}
-
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> previous(b.size() + 1), current(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) previous[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    current[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t substitution = previous[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
-      current[j] = std::min({previous[j] + 1, current[j - 1] + 1, substitution});
-    }
-    std::swap(previous, current);
-  }
-  return previous[b.size()];
-}
-
-// The closest key if it is a plausible typo (at most 2 edits, or a third of a long word); "" if none.
-std::string closest_key(const std::string& word, const std::vector<std::string>& keys) {
-  std::string best;
-  size_t best_distance = std::max<size_t>(2, word.size() / 3) + 1;
-  for (const std::string& key : keys) {
-    const size_t d = edit_distance(word, key);
-    if (d < best_distance) {
-      best = key;
-      best_distance = d;
-    }
-  }
-  return best;
 }
 
 // The clock in GHz: the cpufreq maximum where the kernel exposes it, else /proc/cpuinfo's
@@ -471,7 +444,7 @@ DeviceProfile named_device(const std::string& key) {
     return p;
   }
   const std::vector<std::string> keys = known_device_keys();
-  const std::string suggestion = closest_key(wanted, keys);
+  const std::string suggestion = detail::closest_match(wanted, keys);
   throw ConfigError("unknown device '" + key + "'; " +
                     (suggestion.empty() ? "" : "did you mean '" + suggestion + "'? ") + "known: " + join(keys));
 }

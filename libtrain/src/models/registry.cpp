@@ -3,12 +3,12 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
-#include <numeric>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "suggest.h"
 #include "train/config.h"
 #include "train/errors.h"
 #include "train/models/model.h"
@@ -45,36 +45,6 @@ Registry& registry() {
   return instance;
 }
 
-size_t levenshtein(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  std::iota(prev.begin(), prev.end(), size_t{0});
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t substitute = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, substitute});
-    }
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
-
-// The closest known name, if it is close enough to be a plausible typo (at most 2 edits, or a
-// third of the name for long names); empty otherwise.
-std::string closest_name(const std::string& name, const std::vector<std::string>& known) {
-  const size_t limit = std::max<size_t>(2, name.size() / 3);
-  std::string best;
-  size_t best_distance = limit + 1;
-  for (const auto& candidate : known) {
-    const size_t d = levenshtein(name, candidate);
-    if (d < best_distance) {
-      best = candidate;
-      best_distance = d;
-    }
-  }
-  return best;
-}
-
 std::string join(const std::vector<std::string>& items) {
   std::string out;
   for (const auto& item : items) out += (out.empty() ? "" : ", ") + item;
@@ -103,7 +73,7 @@ ModelPtr make_model(const ModelConfig& config) {
   }
   if (!builder) {
     const std::vector<std::string> known = model_names();
-    const std::string suggestion = closest_name(config.name, known);
+    const std::string suggestion = detail::closest_match(config.name, known);
     std::string message = "key 'model.name': unknown model '" + config.name + "'; ";
     if (!suggestion.empty()) message += "did you mean '" + suggestion + "'? ";
     throw ConfigError(message + "known: " + join(known));

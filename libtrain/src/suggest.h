@@ -1,0 +1,48 @@
+#pragma once
+// "Did you mean" for every name a user types: config keys, enum values, model names, device
+// profiles. Internal header.
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace train::detail {
+
+// Levenshtein distance: insertions, deletions and substitutions.
+inline size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> previous(b.size() + 1), current(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) previous[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    current[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t substitution = previous[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+      current[j] = std::min({previous[j] + 1, current[j - 1] + 1, substitution});
+    }
+    std::swap(previous, current);
+  }
+  return previous[b.size()];
+}
+
+// The index of the candidate closest to `word` if it is a plausible typo: at most 2 edits, or a
+// third of a long word, and never one that replaces every character of `word`.
+inline std::optional<size_t> closest_index(const std::string& word, const std::vector<std::string>& candidates) {
+  const size_t limit = std::max<size_t>(2, word.size() / 3);
+  std::optional<size_t> best;
+  size_t best_distance = 0;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const size_t d = edit_distance(word, candidates[i]);
+    if (d <= limit && d < word.size() && (!best || d < best_distance)) {
+      best = i;
+      best_distance = d;
+    }
+  }
+  return best;
+}
+
+// The closest candidate itself, or "" when none is plausible.
+inline std::string closest_match(const std::string& word, const std::vector<std::string>& candidates) {
+  const auto i = closest_index(word, candidates);
+  return i ? candidates[*i] : std::string();
+}
+
+}  // namespace train::detail
