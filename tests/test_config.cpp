@@ -57,7 +57,7 @@ auto fields(const train::DataConfig& d) {
 }
 auto fields(const train::OptimConfig& o) {
   return std::tie(o.name, o.lr, o.momentum, o.nesterov, o.weight_decay, o.beta1, o.beta2, o.eps,
-                  o.decay_norm_and_bias, o.clip_grad_norm);
+                  o.decay_norm_and_bias, o.clip_grad_norm, o.impl);
 }
 auto fields(const train::ScheduleConfig& s) {
   return std::tie(s.name, s.warmup_steps, s.warmup_epochs, s.min_lr_ratio, s.milestones, s.gamma);
@@ -131,6 +131,7 @@ Config unusual_config() {
   c.optim.eps = 3e-9;
   c.optim.decay_norm_and_bias = true;
   c.optim.clip_grad_norm = 1.0;
+  c.optim.impl = "foreach";
   c.schedule.name = "step";
   c.schedule.warmup_steps = 100;
   c.schedule.warmup_epochs = 1.5;

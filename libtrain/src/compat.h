@@ -116,3 +116,82 @@ inline CudaAllocatedBytes cuda_allocated_bytes(c10::DeviceIndex device) {
 
 }  // namespace train::compat
 #endif  // TRAIN_WITH_CUDA
+
+// ---------------------------------------------------------------------------------------------
+// Loss scaling and multi-tensor optimizers (amp.cpp, optim.cpp): which native kernels a device
+// has, and the optimizer state map's key type.
+// ---------------------------------------------------------------------------------------------
+#include <sstream>
+#include <type_traits>
+
+namespace train::compat {
+
+// _amp_foreach_non_finite_check_and_unscale_ and _amp_update_scale_ have CUDA kernels in every
+// supported version; their CPU kernels came in 2.3 (pytorch#109281).
+inline bool has_amp_scaler_kernels(c10::DeviceType device) {
+  return device == c10::DeviceType::CUDA || (device == c10::DeviceType::CPU && TRAIN_TORCH_AT_LEAST(2, 3));
+}
+
+// _fused_adamw_: CUDA since 2.0 (pytorch#88015), CPU since 2.4 (pytorch#123074).
+inline bool has_fused_adamw(c10::DeviceType device) {
+  return (device == c10::DeviceType::CUDA && TRAIN_TORCH_AT_LEAST(2, 0)) ||
+         (device == c10::DeviceType::CPU && TRAIN_TORCH_AT_LEAST(2, 4));
+}
+
+// _fused_sgd_: CUDA since 2.3 (pytorch#116585), CPU since 2.4 (pytorch#123629).
+inline bool has_fused_sgd(c10::DeviceType device) {
+  return (device == c10::DeviceType::CUDA && TRAIN_TORCH_AT_LEAST(2, 3)) ||
+         (device == c10::DeviceType::CPU && TRAIN_TORCH_AT_LEAST(2, 4));
+}
+
+// One AdamW step (no amsgrad, no maximize) over tensors on one device. Call only where
+// has_fused_adamw(device); `steps` are float tensors holding the already incremented counts.
+#if TRAIN_TORCH_AT_LEAST(2, 0)
+inline void fused_adamw(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                        at::TensorList exp_avg_sqs, at::TensorList steps, double lr, double beta1,
+                        double beta2, double weight_decay, double eps) {
+  at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr, beta1, beta2,
+                    weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false);
+}
+#else
+template <typename... Args>
+void fused_adamw(const Args&...) {
+  TORCH_CHECK(false, "_fused_adamw_ needs LibTorch 2.0 or later, this is ", torch_version());
+}
+#endif
+
+// One SGD step over tensors on one device. Call only where has_fused_sgd(device).
+// `momentum_buffers` is empty when momentum is 0; with is_first_step the kernel fills them.
+#if TRAIN_TORCH_AT_LEAST(2, 3)
+inline void fused_sgd(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
+                      double weight_decay, double momentum, double lr, double dampening, bool nesterov,
+                      bool is_first_step) {
+  at::_fused_sgd_(params, grads, momentum_buffers, weight_decay, momentum, lr, dampening, nesterov,
+                  /*maximize=*/false, is_first_step);
+}
+#else
+template <typename... Args>
+void fused_sgd(const Args&...) {
+  TORCH_CHECK(false, "_fused_sgd_ needs LibTorch 2.3 or later, this is ", torch_version());
+}
+#endif
+
+// Optimizer::state() is keyed by the parameter's TensorImpl address: as text on 1.13, as the
+// pointer itself later. The overload is chosen by the map's key type, so the exact release of
+// that change does not matter.
+using OptimizerStateKey =
+    std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
+
+inline void make_state_key(void* impl, void*& key) { key = impl; }
+inline void make_state_key(void* impl, std::string& key) {
+  std::ostringstream text;  // what 1.13's c10::guts::to_string does for a pointer
+  text << impl;
+  key = text.str();
+}
+inline OptimizerStateKey optimizer_state_key(const torch::Tensor& param) {
+  OptimizerStateKey key;
+  make_state_key(param.unsafeGetTensorImpl(), key);
+  return key;
+}
+
+}  // namespace train::compat

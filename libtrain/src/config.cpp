@@ -247,6 +247,11 @@ std::vector<Key> build_schema() {
             "apply weight decay to normalisation weights and biases too"),
       optim("clip_grad_norm", &O::clip_grad_norm, "maximum global gradient norm; 0 = no clipping")
           .at_least(0),
+      optim("impl", &O::impl,
+            "how a step runs: fused = one LibTorch kernel per parameter group, foreach = multi-tensor "
+            "ops, loop = torch::optim one parameter at a time, auto = fused where LibTorch has the "
+            "kernel for the device, else foreach")
+          .one_of({"auto", "fused", "foreach", "loop"}),
 
       schedule("name", &S::name, "learning-rate schedule").one_of({"constant", "cosine", "step"}),
       schedule("warmup_steps", &S::warmup_steps, "linear warmup, in optimizer steps").at_least(0),

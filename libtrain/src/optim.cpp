@@ -3,10 +3,258 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <map>
 
+#include "compat.h"
 #include "train/errors.h"
 
 namespace train {
+
+namespace {
+
+using torch::optim::AdamWOptions;
+using torch::optim::AdamWParamState;
+using torch::optim::OptimizerOptions;
+using torch::optim::OptimizerParamGroup;
+using torch::optim::SGDOptions;
+using torch::optim::SGDParamState;
+using TensorVector = std::vector<torch::Tensor>;
+
+// Base of the foreach and fused optimizers: torch::optim's parameter groups, options and
+// per-parameter state, with a step that updates all parameters of a group in one go.
+class MultiTensorOptimizer : public torch::optim::Optimizer {
+ public:
+  torch::Tensor step(LossClosure closure = nullptr) final {
+    torch::NoGradGuard no_grad;
+    torch::Tensor loss;
+    if (closure) {
+      torch::AutoGradMode enable_grad(true);
+      loss = closure();
+    }
+    for (auto& group : param_groups_) {
+      TensorVector params, grads;
+      for (const auto& param : group.params()) {
+        if (!param.grad().defined()) continue;  // no gradient this step: no update, no state
+        params.push_back(param);
+        grads.push_back(param.grad());
+      }
+      if (!params.empty()) step_group(group.options(), params, grads);
+    }
+    return loss;
+  }
+
+  bool fused() const { return fused_; }
+
+ protected:
+  MultiTensorOptimizer(const std::vector<OptimizerParamGroup>& groups, std::unique_ptr<OptimizerOptions> defaults,
+                       bool fused)
+      : Optimizer(groups, std::move(defaults)), fused_(fused) {}
+
+  virtual void step_group(const OptimizerOptions& options, const TensorVector& params, const TensorVector& grads) = 0;
+
+  // The parameter's state, nullptr before its first step.
+  template <typename State>
+  State* find_state(const torch::Tensor& param) {
+    const auto it = state_.find(compat::optimizer_state_key(param));
+    return it == state_.end() ? nullptr : static_cast<State*>(it->second.get());
+  }
+  // A fresh state for the parameter's first step.
+  template <typename State>
+  State& add_state(const torch::Tensor& param) {
+    auto state = std::make_unique<State>();
+    State& added = *state;
+    state_[compat::optimizer_state_key(param)] = std::move(state);
+    return added;
+  }
+
+ private:
+  bool fused_;
+};
+
+// torch::optim::SGD's update: d = grad + weight_decay * p; with momentum, buf = d at the first
+// step, then buf = momentum * buf + (1 - dampening) * d, and d = d + momentum * buf (nesterov)
+// or d = buf; p -= lr * d.
+class MultiTensorSGD final : public MultiTensorOptimizer {
+ public:
+  MultiTensorSGD(const std::vector<OptimizerParamGroup>& groups, const SGDOptions& defaults, bool fused)
+      : MultiTensorOptimizer(groups, std::make_unique<SGDOptions>(defaults), fused) {}
+
+  void save(torch::serialize::OutputArchive& archive) const override {
+    torch::optim::serialize<SGDParamState, SGDOptions>(archive, *this);
+  }
+  void load(torch::serialize::InputArchive& archive) override {
+    torch::optim::serialize<SGDParamState, SGDOptions>(archive, *this);
+  }
+
+ private:
+  void step_group(const OptimizerOptions& group_options, const TensorVector& params,
+                  const TensorVector& grads) override {
+    const auto& options = static_cast<const SGDOptions&>(group_options);
+    if (fused()) {
+      fused_step(options, params, grads);
+    } else {
+      foreach_step(options, params, grads);
+    }
+  }
+
+  void foreach_step(const SGDOptions& options, const TensorVector& params, const TensorVector& grads) {
+    // d in new tensors when there is weight decay: the gradients stay as backward left them.
+    TensorVector updates = grads;
+    if (options.weight_decay() != 0) updates = at::_foreach_add(grads, params, options.weight_decay());
+    if (options.momentum() != 0) {
+      TensorVector buffers, running_buffers, running_updates;
+      for (size_t i = 0; i < params.size(); ++i) {
+        if (auto* state = find_state<SGDParamState>(params[i])) {
+          buffers.push_back(state->momentum_buffer());
+          running_buffers.push_back(state->momentum_buffer());
+          running_updates.push_back(updates[i]);
+        } else {
+          auto& state_new = add_state<SGDParamState>(params[i]);
+          state_new.momentum_buffer(torch::clone(updates[i]).detach());
+          buffers.push_back(state_new.momentum_buffer());
+        }
+      }
+      if (!running_buffers.empty()) {
+        at::_foreach_mul_(running_buffers, options.momentum());
+        at::_foreach_add_(running_buffers, running_updates, 1 - options.dampening());
+      }
+      updates = options.nesterov() ? at::_foreach_add(updates, buffers, options.momentum()) : buffers;
+    }
+    at::_foreach_add_(params, updates, -options.lr());
+  }
+
+  // The kernel takes one is_first_step flag per call, so parameters that get their momentum
+  // buffer now (the first step, or a gradient for the first time) go in a call of their own.
+  void fused_step(const SGDOptions& options, const TensorVector& params, const TensorVector& grads) {
+    const auto run = [&](const TensorVector& p, const TensorVector& g, const TensorVector& buffers, bool first) {
+      if (p.empty()) return;
+      compat::fused_sgd(p, g, buffers, options.weight_decay(), options.momentum(), options.lr(), options.dampening(),
+                        options.nesterov(), first);
+    };
+    if (options.momentum() == 0) {
+      run(params, grads, {}, false);
+      return;
+    }
+    TensorVector running_params, running_grads, running_buffers, new_params, new_grads, new_buffers;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (auto* state = find_state<SGDParamState>(params[i])) {
+        running_params.push_back(params[i]);
+        running_grads.push_back(grads[i]);
+        running_buffers.push_back(state->momentum_buffer());
+      } else {
+        auto& state_new = add_state<SGDParamState>(params[i]);
+        state_new.momentum_buffer(torch::empty_like(params[i]));  // the kernel writes d into it
+        new_params.push_back(params[i]);
+        new_grads.push_back(grads[i]);
+        new_buffers.push_back(state_new.momentum_buffer());
+      }
+    }
+    run(running_params, running_grads, running_buffers, false);
+    run(new_params, new_grads, new_buffers, true);
+  }
+};
+
+// torch::optim::AdamW's update: p *= 1 - lr * weight_decay; m = beta1 * m + (1 - beta1) * g;
+// v = beta2 * v + (1 - beta2) * g^2; p -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps).
+class MultiTensorAdamW final : public MultiTensorOptimizer {
+ public:
+  MultiTensorAdamW(const std::vector<OptimizerParamGroup>& groups, const AdamWOptions& defaults, bool fused)
+      : MultiTensorOptimizer(groups, std::make_unique<AdamWOptions>(defaults), fused) {}
+
+  void save(torch::serialize::OutputArchive& archive) const override {
+    torch::optim::serialize<AdamWParamState, AdamWOptions>(archive, *this);
+  }
+  void load(torch::serialize::InputArchive& archive) override {
+    torch::optim::serialize<AdamWParamState, AdamWOptions>(archive, *this);
+  }
+
+ private:
+  void step_group(const OptimizerOptions& group_options, const TensorVector& params,
+                  const TensorVector& grads) override {
+    const auto& options = static_cast<const AdamWOptions&>(group_options);
+    // make_optimizer never sets amsgrad; a loaded checkpoint could.
+    TORCH_CHECK(!options.amsgrad(), "the foreach and fused AdamW do not implement amsgrad; use optim.impl: loop");
+    TensorVector exp_avgs, exp_avg_sqs;
+    std::vector<int64_t> steps;
+    for (const auto& param : params) {
+      auto* state = find_state<AdamWParamState>(param);
+      if (!state) {
+        state = &add_state<AdamWParamState>(param);
+        state->exp_avg(torch::zeros_like(param, torch::MemoryFormat::Preserve));
+        state->exp_avg_sq(torch::zeros_like(param, torch::MemoryFormat::Preserve));
+      }
+      state->step(state->step() + 1);
+      exp_avgs.push_back(state->exp_avg());
+      exp_avg_sqs.push_back(state->exp_avg_sq());
+      steps.push_back(state->step());
+    }
+    if (fused()) {
+      fused_step(options, params, grads, exp_avgs, exp_avg_sqs, steps);
+    } else {
+      foreach_step(options, params, grads, exp_avgs, exp_avg_sqs, steps);
+    }
+  }
+
+  static void foreach_step(const AdamWOptions& options, const TensorVector& params, const TensorVector& grads,
+                           const TensorVector& exp_avgs, const TensorVector& exp_avg_sqs,
+                           const std::vector<int64_t>& steps) {
+    const auto [beta1, beta2] = options.betas();
+    if (options.weight_decay() != 0) at::_foreach_mul_(params, 1 - options.lr() * options.weight_decay());
+    at::_foreach_mul_(exp_avgs, beta1);
+    at::_foreach_add_(exp_avgs, grads, 1 - beta1);
+    at::_foreach_mul_(exp_avg_sqs, beta2);
+    at::_foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - beta2);
+    // Bias corrections per parameter: a parameter that first got a gradient later has a smaller t.
+    std::vector<c10::Scalar> bias_correction2_sqrt, neg_step_size;
+    for (const int64_t t : steps) {
+      bias_correction2_sqrt.emplace_back(std::sqrt(1 - std::pow(beta2, t)));
+      neg_step_size.emplace_back(-options.lr() / (1 - std::pow(beta1, t)));
+    }
+    TensorVector denoms = at::_foreach_sqrt(exp_avg_sqs);
+    at::_foreach_div_(denoms, bias_correction2_sqrt);
+    at::_foreach_add_(denoms, options.eps());
+    at::_foreach_addcdiv_(params, exp_avgs, denoms, neg_step_size);
+  }
+
+  static void fused_step(const AdamWOptions& options, const TensorVector& params, const TensorVector& grads,
+                         const TensorVector& exp_avgs, const TensorVector& exp_avg_sqs,
+                         const std::vector<int64_t>& steps) {
+    // The kernel reads each step count from a float tensor on the parameter's device; the
+    // parameters of a group nearly always share one count, so one tensor per distinct count.
+    std::map<int64_t, torch::Tensor> step_tensors;
+    TensorVector step_list;
+    for (size_t i = 0; i < params.size(); ++i) {
+      auto& tensor = step_tensors[steps[i]];
+      if (!tensor.defined()) {
+        tensor = torch::full({}, static_cast<double>(steps[i]), params[i].options().dtype(torch::kFloat));
+      }
+      step_list.push_back(tensor);
+    }
+    const auto [beta1, beta2] = options.betas();
+    compat::fused_adamw(params, grads, exp_avgs, exp_avg_sqs, step_list, options.lr(), beta1, beta2,
+                        options.weight_decay(), options.eps());
+  }
+};
+
+enum class Impl { kFused, kForeach, kLoop };
+
+Impl choose_impl(const OptimConfig& config, c10::DeviceType device) {
+  const bool has_fused = config.name == "sgd" ? compat::has_fused_sgd(device) : compat::has_fused_adamw(device);
+  if (config.impl == "auto") return has_fused ? Impl::kFused : Impl::kForeach;
+  if (config.impl == "fused") {
+    if (!has_fused) {
+      throw ConfigError("key 'optim.impl': LibTorch " + compat::torch_version() + " has no fused " + config.name +
+                        " kernel for " + c10::DeviceTypeName(device, /*lower_case=*/true) +
+                        " tensors; use auto, foreach or loop");
+    }
+    return Impl::kFused;
+  }
+  if (config.impl == "foreach") return Impl::kForeach;
+  if (config.impl == "loop") return Impl::kLoop;
+  throw ConfigError("key 'optim.impl': unknown implementation '" + config.impl + "' (auto, fused, foreach, loop)");
+}
+
+}  // namespace
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimConfig& config, torch::nn::Module& model,
                                                         double lr) {
@@ -29,15 +277,32 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimConfig& confi
     }
     return out;
   };
+  if (config.name != "sgd" && config.name != "adamw") {
+    throw ConfigError("key 'optim.name': unknown optimizer '" + config.name + "' (sgd, adamw)");
+  }
+  // What "auto" and "fused" can use depends on the device the parameters are on now.
+  const auto& trained = decay.empty() ? no_decay : decay;
+  const Impl impl = choose_impl(config, trained.empty() ? c10::DeviceType::CPU : trained.front().device().type());
   if (config.name == "sgd") {
-    auto options = torch::optim::SGDOptions(lr).momentum(config.momentum).nesterov(config.nesterov);
-    return std::make_unique<torch::optim::SGD>(groups(options), options);
+    auto options = SGDOptions(lr).momentum(config.momentum).nesterov(config.nesterov);
+    if (impl == Impl::kLoop) return std::make_unique<torch::optim::SGD>(groups(options), options);
+    return std::make_unique<MultiTensorSGD>(groups(options), options, impl == Impl::kFused);
   }
-  if (config.name == "adamw") {
-    auto options = torch::optim::AdamWOptions(lr).betas({config.beta1, config.beta2}).eps(config.eps);
-    return std::make_unique<torch::optim::AdamW>(groups(options), options);
+  auto options = AdamWOptions(lr).betas({config.beta1, config.beta2}).eps(config.eps);
+  if (impl == Impl::kLoop) return std::make_unique<torch::optim::AdamW>(groups(options), options);
+  return std::make_unique<MultiTensorAdamW>(groups(options), options, impl == Impl::kFused);
+}
+
+std::string optimizer_impl(const torch::optim::Optimizer& optimizer) {
+  if (const auto* sgd = dynamic_cast<const MultiTensorSGD*>(&optimizer)) {
+    return sgd->fused() ? "sgd fused" : "sgd foreach";
   }
-  throw ConfigError("key 'optim.name': unknown optimizer '" + config.name + "' (sgd, adamw)");
+  if (const auto* adamw = dynamic_cast<const MultiTensorAdamW*>(&optimizer)) {
+    return adamw->fused() ? "adamw fused" : "adamw foreach";
+  }
+  if (dynamic_cast<const torch::optim::SGD*>(&optimizer)) return "sgd loop";
+  if (dynamic_cast<const torch::optim::AdamW*>(&optimizer)) return "adamw loop";
+  return "other";
 }
 
 void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {

@@ -59,6 +59,7 @@ struct OptimConfig {
   double eps = 1e-8;
   bool decay_norm_and_bias = false;  // apply weight decay to normalisation weights and biases too
   double clip_grad_norm = 0.0;   // 0 = no clipping
+  std::string impl = "auto";     // auto | fused | foreach | loop: how a step runs (see make_optimizer)
 };
 
 struct ScheduleConfig {

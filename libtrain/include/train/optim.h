@@ -7,14 +7,25 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 namespace train {
 
 // SGD (momentum, nesterov) or AdamW from `optim`. Two parameter groups: weights with weight
 // decay, and normalisation weights + biases (parameters with <= 1 dimension) without it,
 // unless optim.decay_norm_and_bias is set.
+//
+// optim.impl picks how a step runs, for the device the parameters are on now: "fused" (one
+// LibTorch kernel per group), "foreach" (multi-tensor _foreach_ ops), "loop" (torch::optim::SGD /
+// AdamW, one parameter at a time) or "auto" (fused where LibTorch has the kernel, else foreach).
+// All follow torch::optim's math and keep its state layout (SGDParamState, AdamWParamState), so
+// save() / load() checkpoints move between them. ConfigError for "fused" without a kernel.
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimConfig& config, torch::nn::Module& model,
                                                         double lr);
+
+// How `optimizer` steps, for the plan and the log: "sgd fused", "adamw foreach", "sgd loop", ...;
+// "other" for an optimizer make_optimizer did not make.
+std::string optimizer_impl(const torch::optim::Optimizer& optimizer);
 
 void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);
 

@@ -1,0 +1,210 @@
+#include "testing.h"
+
+#include <torch/version.h>
+#include <train/config.h>
+#include <train/errors.h>
+#include <train/optim.h>
+
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+using namespace train;
+
+namespace {
+
+// LibTorch 2.4 added CPU kernels for _fused_adamw_ and _fused_sgd_.
+constexpr bool kCpuFused = TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4);
+
+// Weights of several shapes (the weight-decay group) and a bias (the group without weight
+// decay). `late` gets no gradient in the first step, like a parameter that joins training later.
+struct Net : torch::nn::Module {
+  Net() {
+    torch::manual_seed(0);  // every Net starts from the same values
+    conv = register_parameter("conv", torch::randn({4, 3, 3, 3}));
+    weight = register_parameter("weight", torch::randn({5, 7}));
+    late = register_parameter("late", torch::randn({6, 2}));
+    bias = register_parameter("bias", torch::randn({5}));
+  }
+  torch::Tensor conv, weight, late, bias;
+};
+
+// The same pseudo-random gradients and learning rate for step `step` in every run.
+void run_steps(torch::optim::Optimizer& optimizer, Net& net, int from, int to) {
+  for (int step = from; step < to; ++step) {
+    torch::manual_seed(1000 + step);
+    for (auto& p : net.parameters()) p.mutable_grad() = torch::randn_like(p);
+    if (step == 0) net.late.mutable_grad() = torch::Tensor();
+    set_learning_rate(optimizer, 0.1 / (1 + step));  // changes every step, as a schedule does
+    optimizer.step();
+  }
+}
+
+void check_same_parameters(Net& expected, Net& actual) {
+  const auto actual_params = actual.named_parameters();
+  for (const auto& item : expected.named_parameters()) {
+    INFO("parameter " << item.key() << ", largest difference "
+                      << (item.value() - actual_params[item.key()]).abs().max().item<double>());
+    CHECK(torch::allclose(item.value(), actual_params[item.key()], 1e-6, 1e-6));
+  }
+}
+
+void check_all_moved(Net& trained) {
+  Net initial;
+  const auto initial_params = initial.named_parameters();
+  for (const auto& item : trained.named_parameters()) {
+    INFO("parameter " << item.key());
+    CHECK((item.value() - initial_params[item.key()]).abs().max().item<double>() > 1e-2);
+  }
+}
+
+std::vector<std::string> impls_to_compare() {
+  if (kCpuFused) return {"foreach", "fused"};
+  return {"foreach"};
+}
+
+// Runs 5 steps with every implementation and compares them with torch::optim's loop.
+void check_impls_agree(OptimConfig config) {
+  Net reference;
+  config.impl = "loop";
+  const auto loop = make_optimizer(config, reference, 0.1);
+  CHECK(optimizer_impl(*loop) == config.name + " loop");
+  run_steps(*loop, reference, 0, 5);
+  check_all_moved(reference);
+  for (const auto& impl : impls_to_compare()) {
+    INFO("optim.impl " << impl);
+    Net net;
+    config.impl = impl;
+    const auto optimizer = make_optimizer(config, net, 0.1);
+    CHECK(optimizer_impl(*optimizer) == config.name + " " + impl);
+    CHECK(optimizer->param_groups().size() == (config.decay_norm_and_bias ? 1u : 2u));
+    run_steps(*optimizer, net, 0, 5);
+    check_same_parameters(reference, net);
+  }
+}
+
+std::string save(const torch::optim::Optimizer& optimizer) {
+  torch::serialize::OutputArchive archive;
+  optimizer.save(archive);
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+
+void load(torch::optim::Optimizer& optimizer, const std::string& bytes) {
+  std::istringstream in(bytes);
+  torch::serialize::InputArchive archive;
+  archive.load_from(in);
+  optimizer.load(archive);
+}
+
+}  // namespace
+
+TEST_CASE("optim: SGD foreach and fused match torch::optim::SGD", "[optim]") {
+  OptimConfig config;
+  config.name = "sgd";
+  config.weight_decay = 0.05;  // the bias group has none: two groups that differ
+  SECTION("momentum") {
+    config.momentum = 0.9;
+    check_impls_agree(config);
+  }
+  SECTION("nesterov momentum") {
+    config.momentum = 0.8;
+    config.nesterov = true;
+    check_impls_agree(config);
+  }
+  SECTION("no momentum") {
+    config.momentum = 0.0;
+    check_impls_agree(config);
+  }
+  SECTION("no weight decay") {
+    config.weight_decay = 0.0;
+    check_impls_agree(config);
+  }
+}
+
+TEST_CASE("optim: AdamW foreach and fused match torch::optim::AdamW", "[optim]") {
+  OptimConfig config;
+  config.name = "adamw";
+  config.beta1 = 0.85;
+  config.beta2 = 0.99;
+  config.eps = 1e-6;
+  SECTION("weight decay in one group") {
+    config.weight_decay = 0.05;
+    check_impls_agree(config);
+  }
+  SECTION("weight decay on every parameter: one group") {
+    config.weight_decay = 0.1;
+    config.decay_norm_and_bias = true;
+    check_impls_agree(config);
+  }
+}
+
+TEST_CASE("optim: auto picks fused where LibTorch has the kernel, else foreach", "[optim]") {
+  for (const std::string name : {"sgd", "adamw"}) {
+    OptimConfig config;
+    config.name = name;
+    Net net;
+    CHECK(optimizer_impl(*make_optimizer(config, net, 0.1)) == name + (kCpuFused ? " fused" : " foreach"));
+  }
+}
+
+TEST_CASE("optim: state saved by one implementation continues in another", "[optim]") {
+  std::vector<std::pair<std::string, std::string>> handovers = {{"foreach", "loop"}, {"loop", "foreach"}};
+  if (kCpuFused) {
+    handovers.insert(handovers.end(), {{"fused", "loop"}, {"loop", "fused"}, {"foreach", "fused"}});
+  }
+  for (const std::string name : {"sgd", "adamw"}) {
+    OptimConfig config;
+    config.name = name;
+    config.weight_decay = 0.01;
+    Net uninterrupted;
+    config.impl = "loop";
+    const auto reference = make_optimizer(config, uninterrupted, 0.1);
+    run_steps(*reference, uninterrupted, 0, 5);
+
+    for (const auto& [from, to] : handovers) {
+      INFO(name << ": saved by " << from << ", loaded by " << to);
+      Net before;
+      config.impl = from;
+      const auto first = make_optimizer(config, before, 0.1);
+      run_steps(*first, before, 0, 3);
+      const std::string bytes = save(*first);
+
+      Net after;
+      {
+        torch::NoGradGuard no_grad;
+        const auto saved_params = before.named_parameters();
+        for (auto& item : after.named_parameters()) item.value().copy_(saved_params[item.key()]);
+      }
+      config.impl = to;
+      const auto second = make_optimizer(config, after, 0.1);
+      load(*second, bytes);
+      CHECK(second->state().size() == first->state().size());
+      run_steps(*second, after, 3, 5);
+      check_same_parameters(uninterrupted, after);
+    }
+  }
+}
+
+TEST_CASE("optim: impl fused without a LibTorch kernel for the device is a ConfigError", "[optim]") {
+  OptimConfig config;
+  config.impl = "fused";
+  // Since 2.4 the CPU has the kernels; meta tensors never do.
+  const auto device = kCpuFused ? torch::kMeta : torch::kCPU;
+  torch::nn::Module net;
+  net.register_parameter("weight", torch::empty({3, 2}, device));
+  for (const std::string name : {"sgd", "adamw"}) {
+    INFO(name);
+    config.name = name;
+    try {
+      make_optimizer(config, net, 0.1);
+      FAIL("expected a ConfigError");
+    } catch (const ConfigError& e) {
+      const std::string what = e.what();
+      CHECK_THAT(what, Catch::Contains("optim.impl") && Catch::Contains(TORCH_VERSION) &&
+                           Catch::Contains(kCpuFused ? "meta" : "cpu"));
+    }
+  }
+}
