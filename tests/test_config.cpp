@@ -71,7 +71,7 @@ auto fields(const train::TuningConfig& t) {
   return std::tie(t.device, t.batch, t.lr_scaling, t.base_batch, t.max_global_batch, t.micro_batch,
                   t.max_micro_batch, t.probe, t.memory_fraction, t.cache_dir);
 }
-auto fields(const train::PrecisionConfig& p) { return std::tie(p.mode, p.channels_last); }
+auto fields(const train::PrecisionConfig& p) { return std::tie(p.mode, p.loss_scaling, p.channels_last); }
 auto fields(const train::CheckpointConfig& c) { return std::tie(c.every_steps, c.keep_last); }
 auto fields(const train::LoggingConfig& l) { return std::tie(l.every_steps, l.level, l.jsonl); }
 
@@ -158,6 +158,7 @@ Config unusual_config() {
   c.tuning.micro_batch = 64;
   c.tuning.max_micro_batch = 128;
   c.precision.mode = "bf16";
+  c.precision.loss_scaling = "dynamic";
   c.precision.channels_last = "off";
   c.checkpoint.every_steps = 500;
   c.checkpoint.keep_last = 3;

@@ -164,8 +164,12 @@ TEST_CASE("plan: precision and layout per device", "[plan]") {
   CHECK(h100.tf32);
   CHECK(h100.channels_last);
   const Plan t4 = make_plan(c, gpu_profile(7), conv);
-  CHECK(t4.precision == "fp32");
-  CHECK_FALSE(t4.channels_last);
+  CHECK(t4.precision == "fp16");
+  CHECK(t4.loss_scaling);
+  CHECK_FALSE(t4.tf32);
+  CHECK(t4.channels_last);
+  CHECK_FALSE(h100.loss_scaling);
+  CHECK(make_plan(c, gpu_profile(6), conv).precision == "fp32");  // no tensor cores
   const Plan cpu = make_plan(c, cpu_profile(), conv);
   CHECK(cpu.precision == "fp32");
   CHECK_FALSE(cpu.channels_last);
@@ -176,6 +180,13 @@ TEST_CASE("plan: precision and layout per device", "[plan]") {
   bf16.precision.mode = "bf16";
   CHECK(make_plan(bf16, cpu_profile(), conv).precision == "bf16");  // CPU autocast
   CHECK_THROWS_WITH(make_plan(bf16, gpu_profile(7), conv), Catch::Contains("precision.mode"));
+  Config fp16 = c;
+  fp16.precision.mode = "fp16";
+  CHECK(make_plan(fp16, gpu_profile(9), conv).loss_scaling);
+  CHECK_THROWS_WITH(make_plan(fp16, cpu_profile(), conv), Catch::Contains("precision.mode"));
+  fp16.precision.loss_scaling = "off";
+  CHECK_FALSE(make_plan(fp16, gpu_profile(9), conv).loss_scaling);
+  CHECK_THAT(make_plan(fp16, gpu_profile(9), conv).to_text(), Catch::Contains("WARNING"));
   Config off = c;
   off.precision.channels_last = "off";
   CHECK_FALSE(make_plan(off, gpu_profile(9), conv).channels_last);

@@ -274,16 +274,25 @@ TEST_CASE("plan: configs/resnet50_imagenet.yaml on a T4 and an A100, without the
   const RunParts a100 = plan_for({"tuning.device=a100-80gb"});
   CHECK(t4.plan.global_batch == 256);
   CHECK(a100.plan.global_batch == 256);
-  CHECK(t4.plan.precision == "fp32");
+  CHECK(t4.plan.precision == "fp16");  // 7.5: fp16 tensor cores, no bf16
+  CHECK(t4.plan.loss_scaling);
   CHECK(a100.plan.precision == "bf16");
+  CHECK_FALSE(a100.plan.loss_scaling);
   CHECK(a100.plan.channels_last);
   CHECK(t4.plan.memory.estimate);
   CHECK(t4.plan.memory.max_micro_batch < a100.plan.memory.max_micro_batch);
-  CHECK(t4.plan.micro_batch < a100.plan.micro_batch);  // 16 GB in fp32 cannot hold 256 ResNet-50 samples
-  CHECK(t4.plan.accum_steps > 1);
-  CHECK(a100.plan.accum_steps == 1);
-  CHECK(t4.plan.micro_batch * t4.plan.accum_steps == 256);
   CHECK(t4.train == nullptr);
+  // At 256 both hold the whole batch under mixed precision (as NVIDIA's V100-16GB recipe does);
+  // at a global batch of 1024 the T4 must accumulate and the A100 need not.
+  const RunParts t4_1k = plan_for({"tuning.device=t4", "trainer.global_batch=1024"});
+  const RunParts a100_1k = plan_for({"tuning.device=a100-80gb", "trainer.global_batch=1024"});
+  CHECK(t4_1k.plan.micro_batch < a100_1k.plan.micro_batch);
+  CHECK(t4_1k.plan.accum_steps > 1);
+  CHECK(a100_1k.plan.accum_steps == 1);
+  CHECK(t4_1k.plan.micro_batch * t4_1k.plan.accum_steps == 1024);
+  // In fp32 a T4 cannot hold 256 ResNet-50 samples in one pass.
+  const RunParts t4_fp32 = plan_for({"tuning.device=t4", "precision.mode=fp32"});
+  CHECK(t4_fp32.plan.accum_steps > 1);
 
   // Scale mode grows the batch on the A100 and scales the LR linearly.
   const RunParts scaled = plan_for({"tuning.device=a100-80gb", "tuning.batch=scale"});
@@ -298,4 +307,34 @@ TEST_CASE("plan: configs/resnet50_imagenet.yaml on a T4 and an A100, without the
   // fit still needs the data: the missing folder is an input error.
   CHECK_THROWS_AS(prepare_run(load_config(config, {"data.root=" + cache + "/none"})), DataError);
   files::remove_all(cache);
+}
+
+TEST_CASE("fit: dynamic loss scaling changes nothing but the scale, and resumes with it", "[trainer][amp]") {
+  register_tiny_mlp();
+  const std::string dir = temp_dir("scaling");
+  Config c = synthetic_config();
+  c.trainer.max_steps = 6;
+  c.precision.mode = "bf16";  // CPU autocast; the scaler path is the same as with fp16 on a GPU
+  auto run_with = [&](const std::string& scaling, const std::string& run_dir) {
+    Config cfg = c;
+    cfg.precision.loss_scaling = scaling;
+    RunParts run = prepare_run(cfg);
+    CHECK(run.plan.loss_scaling == (scaling == "dynamic"));
+    Trainer t(cfg, run.plan, run.model, run.train, nullptr, run_dir);
+    t.fit();
+    std::vector<torch::Tensor> out;
+    for (const auto& p : t.model().parameters()) out.push_back(p.detach().clone());
+    return out;
+  };
+  const auto plain = run_with("off", "");
+  const auto scaled = run_with("dynamic", dir);
+  for (size_t i = 0; i < plain.size(); ++i) CHECK(torch::allclose(plain[i], scaled[i], 1e-4, 1e-5));
+
+  // The scaler's state is in the checkpoint.
+  RunParts probe = prepare_run(c);
+  const TrainState st = load_checkpoint(checkpoint_path(files::join(dir, "checkpoints"), 6), *probe.model, nullptr);
+  REQUIRE(st.tensors.count("scaler/scale"));
+  CHECK(st.tensors.at("scaler/scale").item<double>() == 65536.0);  // 6 clean steps < growth interval
+  CHECK(st.tensors.at("scaler/growth_tracker").item<int64_t>() == 6);
+  files::remove_all(dir);
 }

@@ -324,8 +324,11 @@ std::vector<Key> build_schema() {
              "plan cache directory; empty = $XDG_CACHE_HOME/train/plans or ~/.cache/train/plans"),
 
       precision("mode", &PrecisionConfig::mode,
-                "auto = bf16 autocast on GPUs with compute capability >= 8.0, else fp32")
-          .one_of({"auto", "fp32", "bf16"}),
+                "auto = bf16 autocast on compute capability >= 8.0, fp16 + loss scaling on 7.x, fp32 on CPU")
+          .one_of({"auto", "fp32", "bf16", "fp16"}),
+      precision("loss_scaling", &PrecisionConfig::loss_scaling,
+                "dynamic loss scaling (GradScaler); auto = on with fp16, off otherwise")
+          .one_of({"auto", "dynamic", "off"}),
       precision("channels_last", &PrecisionConfig::channels_last,
                 "auto = channels_last for conv nets under mixed precision on a GPU")
           .one_of({"auto", "on", "off"}),

@@ -166,22 +166,35 @@ Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInpu
   const std::string& mode = config.precision.mode;
   if (mode == "bf16" && device.is_cuda() && !device.bf16) {
     throw ConfigError("key 'precision.mode': bf16 requested, but " + device.name + " (compute capability " + cc +
-                      ") has no bf16 tensor cores; use auto or fp32");
+                      ") has no bf16 tensor cores; use auto, fp16 or fp32");
+  }
+  if (mode == "fp16" && !device.is_cuda()) {
+    throw ConfigError("key 'precision.mode': fp16 autocast is for GPUs; on a CPU use bf16 or fp32");
   }
   std::string precision_reason;
-  if (mode == "fp32" || mode == "bf16") {
+  if (mode == "fp32" || mode == "bf16" || mode == "fp16") {
     plan.precision = mode;
     precision_reason = "precision.mode";
   } else if (device.is_cuda() && device.bf16) {
     plan.precision = "bf16";
     precision_reason = "compute capability " + cc + " has bf16 tensor cores; bf16 needs no loss scaling";
+  } else if (device.is_cuda() && device.cc_major >= 7) {
+    plan.precision = "fp16";
+    precision_reason = "compute capability " + cc + " has fp16 tensor cores but no bf16: fp16 autocast";
   } else if (device.is_cuda()) {
     plan.precision = "fp32";
-    precision_reason = "compute capability " + cc +
-                       " has no bf16; fp16 with loss scaling would be the fast choice but is not implemented yet";
+    precision_reason = "compute capability " + cc + " has no tensor cores";
   } else {
     plan.precision = "fp32";
     precision_reason = "CPU: fp32 (bf16 autocast is available with precision.mode: bf16)";
+  }
+  const std::string& scaling = config.precision.loss_scaling;
+  plan.loss_scaling = scaling == "dynamic" || (scaling == "auto" && plan.precision == "fp16");
+  if (plan.loss_scaling) {
+    precision_reason += plan.precision == "fp16" ? " + dynamic loss scaling (fp16 gradients underflow without it)"
+                                                 : " + dynamic loss scaling (precision.loss_scaling)";
+  } else if (plan.precision == "fp16") {
+    precision_reason += "; WARNING: loss scaling off (precision.loss_scaling), small gradients may underflow";
   }
   plan.tf32 = device.is_cuda() && device.tf32;
   decide("precision", plan.precision + (plan.tf32 ? " + TF32" : ""),
@@ -291,6 +304,7 @@ std::string Plan::to_json() const {
       .add("steps_per_epoch", steps_per_epoch)
       .add("total_steps", total_steps)
       .add("precision", precision)
+      .add("loss_scaling", loss_scaling)
       .add("tf32", tf32)
       .add("channels_last", channels_last)
       .add("cudnn_benchmark", cudnn_benchmark)

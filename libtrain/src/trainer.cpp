@@ -51,6 +51,7 @@ struct Trainer::Impl {
   std::string run_dir;
   torch::Device device{torch::kCPU};
   std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::unique_ptr<GradScaler> scaler;
   std::unique_ptr<data::Loader> loader;
   JsonlWriter metrics;
   std::atomic<bool> stop{false};
@@ -78,7 +79,8 @@ struct Trainer::Impl {
     return b;
   }
 
-  bool autocast() const { return plan.precision == "bf16"; }
+  bool autocast() const { return plan.precision != "fp32"; }
+  torch::ScalarType autocast_dtype() const { return plan.precision == "fp16" ? torch::kHalf : torch::kBFloat16; }
 
   void write_checkpoint(const std::string& path) {
     TrainState state;
@@ -88,6 +90,7 @@ struct Trainer::Impl {
     state.samples_seen = samples_seen;
     state.config_yaml = to_yaml(config);
     state.tensors["rng/cpu"] = compat::cpu_rng_state();
+    for (auto& [name, tensor] : scaler->state()) state.tensors[name] = tensor;
     save_checkpoint(path, *model, optimizer.get(), state);
     prune_checkpoints(checkpoint_dir(), config.checkpoint.keep_last, path);
   }
@@ -108,6 +111,9 @@ Trainer::Trainer(Config config, Plan plan, models::ModelPtr model, data::Dataset
   s.model->to(s.device);
   if (s.plan.channels_last) to_channels_last(*s.model);
   s.optimizer = make_optimizer(s.config.optim, *s.model, s.plan.lr);
+  GradScalerOptions scaling;
+  scaling.enabled = s.plan.loss_scaling;  // disabled: scale/step/update are pass-throughs
+  s.scaler = std::make_unique<GradScaler>(scaling);
   data::LoaderOptions lo;
   lo.batch_size = s.plan.micro_batch;
   lo.shuffle = s.config.data.shuffle;
@@ -151,7 +157,7 @@ EvalResult Trainer::evaluate() {
     auto b = s.to_device(*batch);
     torch::Tensor logits;
     {
-      AutocastScope amp(s.device.type(), torch::kBFloat16, s.autocast());
+      AutocastScope amp(s.device.type(), s.autocast_dtype(), s.autocast());
       logits = s.model->forward(b.input);
     }
     auto flat_logits = logits.reshape({-1, logits.size(-1)}).to(torch::kFloat);
@@ -191,6 +197,7 @@ FitResult Trainer::fit(const std::string& resume) {
     s.samples_seen = st.samples_seen;
     start_pos = {st.epoch, st.batch_in_epoch};
     if (auto it = st.tensors.find("rng/cpu"); it != st.tensors.end()) compat::set_cpu_rng_state(it->second);
+    if (s.plan.loss_scaling && st.tensors.count("scaler/scale")) s.scaler->load_state(st.tensors);
     result.resumed_from_step = s.step;
     log::info(log::str("resumed from ", resume_path, " at step ", s.step, " (epoch ", st.epoch, ", batch ",
                        st.batch_in_epoch, ")"));
@@ -233,18 +240,22 @@ FitResult Trainer::fit(const std::string& resume) {
       const data::Batch batch = s.next_batch();
       torch::Tensor loss;
       {
-        AutocastScope amp(s.device.type(), torch::kBFloat16, s.autocast());
+        AutocastScope amp(s.device.type(), s.autocast_dtype(), s.autocast());
         loss = loss_fn(s.model->forward(batch.input), batch.target, s.config.loss.label_smoothing);
       }
       // Every micro-batch has the same size, so the mean over the global batch is the mean
       // of the micro-batch means.
-      (loss / static_cast<double>(s.plan.accum_steps)).backward();
+      s.scaler->scale(loss / static_cast<double>(s.plan.accum_steps)).backward();
       step_loss += loss.detach().to(torch::kDouble);
     }
-    if (s.config.optim.clip_grad_norm > 0) clip_grad_norm(*s.model, s.config.optim.clip_grad_norm);
+    if (s.config.optim.clip_grad_norm > 0) {
+      s.scaler->unscale(*s.optimizer);  // clip the true gradients, not the scaled ones
+      clip_grad_norm(*s.model, s.config.optim.clip_grad_norm);
+    }
     const double lr = schedule.at(s.step);
     set_learning_rate(*s.optimizer, lr);
-    s.optimizer->step();
+    s.scaler->step(*s.optimizer);  // skips the step when a gradient is inf/NaN (loss scaling only)
+    s.scaler->update();
     ++s.step;
     s.samples_seen += s.plan.global_batch;
     window_loss += step_loss / static_cast<double>(s.plan.accum_steps);
@@ -279,6 +290,7 @@ FitResult Trainer::fit(const std::string& resume) {
       r.add("step", s.step).add("epoch", s.epoch_progress()).add("split", "train").add("loss", mean_loss)
           .add("lr", lr).add("samples_per_s", sps).add("step_time_ms", 1000.0 * elapsed / window_steps)
           .add("data_wait_ms", 1000.0 * waited / window_steps);
+      if (s.plan.loss_scaling) r.add("loss_scale", s.scaler->get_scale());
       s.metrics.write(r);
       window_loss.zero_();
       window_steps = 0;

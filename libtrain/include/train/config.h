@@ -100,7 +100,8 @@ struct TuningConfig {
 };
 
 struct PrecisionConfig {
-  std::string mode = "auto";          // auto | fp32 | bf16
+  std::string mode = "auto";          // auto | fp32 | bf16 | fp16
+  std::string loss_scaling = "auto";  // auto (dynamic with fp16) | dynamic | off
   std::string channels_last = "auto"; // auto | on | off
 };
 

@@ -46,7 +46,8 @@ struct Plan {
   int64_t warmup_steps = 0;      // resolved once the epoch length is known (see finalize_schedule)
   int64_t steps_per_epoch = 0;
   int64_t total_steps = 0;
-  std::string precision = "fp32";  // fp32 | bf16 | fp16
+  std::string precision = "fp32";  // fp32 | bf16 | fp16 (the autocast dtype)
+  bool loss_scaling = false;       // dynamic loss scaling (GradScaler)
   bool tf32 = false;
   bool channels_last = false;
   bool cudnn_benchmark = false;
