@@ -12,6 +12,7 @@
 
 #ifdef TRAIN_WITH_CUDA
 #include <cuda_runtime_api.h>
+#include <torch/csrc/cuda/nccl.h>
 #endif
 
 namespace train {
@@ -95,6 +96,14 @@ std::vector<DoctorCheck> run_doctor() {
   const int gpus = torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
   if (gpus > 0) {
     checks.push_back({"cudnn", "info", std::to_string(at::detail::getCUDAHooks().versionCuDNN()), ""});
+  }
+  {
+    // Encoded as major << 32 | minor << 16 | patch, as torch.cuda.nccl.version() decodes it.
+    const uint64_t v = torch::cuda::nccl::version();
+    checks.push_back({"nccl", "info",
+                      std::to_string(v >> 32) + "." + std::to_string((v >> 16) & 0xffff) + "." +
+                          std::to_string(v & 0xffff) + torch::cuda::nccl::version_suffix(),
+                      ""});
   }
   std::string gpu_detail = std::to_string(gpus) + " visible";
   if (visible) gpu_detail += " (CUDA_VISIBLE_DEVICES=" + visible_str + ")";
