@@ -5,3 +5,22 @@
 #include <torch/torch.h>
 #undef CHECK
 #include <catch2/catch.hpp>
+
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <string>
+
+namespace train::testing {
+
+// Runs `python tests/python/<script> <args>` with the project's venv interpreter (the oracle
+// packages live there) and returns its exit status. Arguments are passed to the shell as
+// given, so quote paths with spaces.
+inline int run_python(const std::string& script, const std::string& args = "") {
+  const std::string cmd = std::string("\"") + TRAIN_PYTHON + "\" \"" + TRAIN_SOURCE_DIR + "/tests/python/" + script +
+                          "\" " + args;
+  const int rc = std::system(cmd.c_str());
+  return rc == -1 ? -1 : WEXITSTATUS(rc);
+}
+
+}  // namespace train::testing
