@@ -1,2 +1,18 @@
-#define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+// The test runner. With TRAIN_TEST_WORKER set, the binary is instead one rank of a multi-process
+// test (test_dist.cpp starts copies of itself that way).
+#define CATCH_CONFIG_RUNNER
+#include "testing.h"
+
+#include <cstdlib>
+#include <cstring>
+
+int ddp_test_worker();
+
+int main(int argc, char** argv) {
+  if (const char* role = std::getenv("TRAIN_TEST_WORKER")) {
+    if (std::strcmp(role, "ddp") == 0) return ddp_test_worker();
+    std::fprintf(stderr, "unknown TRAIN_TEST_WORKER '%s'\n", role);
+    return 2;
+  }
+  return Catch::Session().run(argc, argv);
+}

@@ -3,6 +3,8 @@
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
 
+#include <unistd.h>
+
 #include <atomic>
 #include <csignal>
 #include <iostream>
@@ -10,7 +12,9 @@
 #include "atomic_file.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
+#include "train/dist.h"
 #include "train/doctor.h"
+#include "train/launch.h"
 #include "train/errors.h"
 #include "train/files.h"
 #include "train/log.h"
@@ -51,6 +55,14 @@ void add_common(CLI::App* cmd, CommonArgs& args) {
       ->type_name("KEY=VALUE");
 }
 
+// This program's own path, for re-executing it as each rank.
+std::string self_executable(const char* argv0) {
+  char buf[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n > 0) return std::string(buf, static_cast<size_t>(n));
+  return argv0;
+}
+
 std::string default_run_dir(const std::string& config_path) {
   return files::join("runs", files::stem(config_path));
 }
@@ -62,11 +74,12 @@ int cmd_check(const CommonArgs& args) {
   return kExitOk;
 }
 
-int cmd_plan(CommonArgs args, bool json, const std::string& device) {
+int cmd_plan(CommonArgs args, bool json, const std::string& device, int64_t world_size) {
   if (!device.empty()) args.sets.push_back("tuning.device=" + device);
   const Config config = load_config(args.config, args.sets);
   RunOptions options;
   options.data_optional = true;  // plan for data that lives on another machine
+  options.plan_world_size = world_size;
   const RunParts run = prepare_run(config, options);
   std::cout << (json ? run.plan.to_json() + "\n" : run.plan.to_text());
   return kExitOk;
@@ -84,7 +97,11 @@ int cmd_fit(const CommonArgs& args, std::string run_dir, const std::string& resu
   if (!resume.empty() && resume != "auto" && !files::exists(resume)) {
     throw CheckpointError(resume + ": checkpoint file does not exist (--resume)");
   }
-  RunParts run = prepare_run(config);
+  RunOptions options;
+  options.env = dist::detect_env();
+  const bool leader = options.env.rank == 0;
+  log::set_rank(static_cast<int>(options.env.rank));
+  RunParts run = prepare_run(config, options);
   log::set_level(config.logging.level);
   // Resolve and validate the checkpoint now, so that a corrupt or mismatching one is rejected
   // before anything is written (the trainer loads it again, with the optimizer).
@@ -92,10 +109,12 @@ int cmd_fit(const CommonArgs& args, std::string run_dir, const std::string& resu
   if (resume == "auto" && resume_path.empty()) log::info("--resume auto: no checkpoint in " + ckpt_dir + "; starting fresh");
   if (!resume_path.empty()) load_checkpoint(resume_path, *run.model, nullptr);
 
-  files::make_directories(run_dir);
-  log::set_file(files::join(run_dir, "train.log"));
-  detail::write_text_atomically(files::join(run_dir, "config.yaml"), to_yaml(config));
-  detail::write_text_atomically(files::join(run_dir, "plan.json"), run.plan.to_json() + "\n");
+  if (leader) {  // rank 0 owns the run directory
+    files::make_directories(run_dir);
+    log::set_file(files::join(run_dir, "train.log"));
+    detail::write_text_atomically(files::join(run_dir, "config.yaml"), to_yaml(config));
+    detail::write_text_atomically(files::join(run_dir, "plan.json"), run.plan.to_json() + "\n");
+  }
   log::info("run directory " + run_dir);
   log::info(run.model->name() + ": " + std::to_string(run.plan.model_params) + " parameters; train " +
             run.train->describe() + "; val " + run.val->describe());
@@ -103,7 +122,7 @@ int cmd_fit(const CommonArgs& args, std::string run_dir, const std::string& resu
   for (std::string line; std::getline(plan_text, line);) log::info(line);
 
   apply_plan_globals(run.plan);
-  Trainer trainer(config, run.plan, run.model, run.train, run.val, run_dir);
+  Trainer trainer(config, run.plan, run.model, run.train, run.val, run_dir, run.group);
   FitResult result;
   {
     ScopedStopHandler stop(trainer);
@@ -113,7 +132,24 @@ int cmd_fit(const CommonArgs& args, std::string run_dir, const std::string& resu
                      100.0 * result.data_wait_fraction, "% of loop time",
                      result.val.samples ? log::str("; val top-1 ", 100.0 * result.val.accuracy, "%") : ""));
   log::set_file("");
-  return kExitOk;
+  return result.diverged_ranks == 0 ? kExitOk : kExitRuntime;
+}
+
+// Validates the config here, so that a bad one fails once, before any rank starts.
+int cmd_launch(const CommonArgs& args, int nproc, int master_port, const std::string& run_dir,
+               const std::string& resume, const std::string& self) {
+  load_config(args.config, args.sets);
+  std::vector<std::string> argv{self, "fit", args.config};
+  for (const auto& s : args.sets) {
+    argv.push_back("--set");
+    argv.push_back(s);
+  }
+  if (!run_dir.empty()) argv.insert(argv.end(), {"--run-dir", run_dir});
+  if (!resume.empty()) argv.insert(argv.end(), {"--resume", resume});
+  LaunchOptions options;
+  options.nproc = nproc;
+  options.master_port = master_port;
+  return launch_local(argv, options);
 }
 
 int cmd_eval(const CommonArgs& args, const std::string& checkpoint) {
@@ -147,6 +183,16 @@ int run_cli(int argc, char** argv) {
   fit->add_option("--resume", resume, "Checkpoint to resume from, or 'auto' for the newest in the run directory")
       ->type_name("PATH|auto");
 
+  CommonArgs launch_args;
+  int nproc = 0, master_port = 0;
+  std::string launch_run_dir, launch_resume;
+  auto* launch = app.add_subcommand("launch", "Train with N data-parallel ranks on this host (like torchrun)");
+  add_common(launch, launch_args);
+  launch->add_option("--nproc", nproc, "Number of ranks to start on this host")->required()->check(CLI::PositiveNumber);
+  launch->add_option("--master-port", master_port, "Rendezvous port (default: a free one)");
+  launch->add_option("--run-dir", launch_run_dir, "Run directory (default: runs/<config name>)");
+  launch->add_option("--resume", launch_resume, "Checkpoint to resume from, or 'auto'")->type_name("PATH|auto");
+
   auto* eval = app.add_subcommand("eval", "Evaluate a checkpoint on the validation split");
   add_common(eval, eval_args);
   eval->add_option("--checkpoint", checkpoint, "Checkpoint file")->required();
@@ -158,6 +204,9 @@ int run_cli(int argc, char** argv) {
   add_common(plan, plan_args);
   plan->add_flag("--json", plan_json, "Print JSON");
   std::string plan_device;
+  int64_t plan_world_size = 0;
+  plan->add_option("--world-size", plan_world_size, "Plan for this many data-parallel ranks (default: this process's)")
+      ->check(CLI::PositiveNumber);
   plan->add_option("--device", plan_device,
                    "Plan for a named device profile instead of this machine's (e.g. t4, a100-80gb, h100, cpu)");
 
@@ -179,7 +228,10 @@ int run_cli(int argc, char** argv) {
     if (fit->parsed()) return cmd_fit(fit_args, run_dir, resume);
     if (eval->parsed()) return cmd_eval(eval_args, checkpoint);
     if (check->parsed()) return cmd_check(check_args);
-    if (plan->parsed()) return cmd_plan(plan_args, plan_json, plan_device);
+    if (plan->parsed()) return cmd_plan(plan_args, plan_json, plan_device, plan_world_size);
+    if (launch->parsed()) {
+      return cmd_launch(launch_args, nproc, master_port, launch_run_dir, launch_resume, self_executable(argv[0]));
+    }
     if (doctor->parsed()) {
       const auto checks = run_doctor();
       std::cout << (doctor_json_flag ? doctor_json(checks) + "\n" : doctor_text(checks));

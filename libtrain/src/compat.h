@@ -195,3 +195,36 @@ inline OptimizerStateKey optimizer_state_key(const torch::Tensor& param) {
 }
 
 }  // namespace train::compat
+
+// ---- c10d (only for the translation units that define TRAIN_COMPAT_C10D before including) ----
+// 2.x split ProcessGroup into a dispatcher and per-backend `Backend` objects (ProcessGroupGloo
+// and ProcessGroupNCCL derive from Backend); in 1.13 they derive from ProcessGroup itself. Both
+// expose allreduce/broadcast returning a Work with wait().
+#ifdef TRAIN_COMPAT_C10D
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#if defined(TRAIN_WITH_NCCL)
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+namespace train::compat {
+
+#if TRAIN_TORCH_AT_LEAST(2, 0)
+using C10dBackend = c10d::Backend;
+#else
+using C10dBackend = c10d::ProcessGroup;
+#endif
+
+// libuv is the 2.x default for the store server; not every build has it, and the classic
+// server is enough for one store per job. The option does not exist in 1.13.
+inline void store_without_libuv(c10d::TCPStoreOptions& options) {
+#if TRAIN_TORCH_AT_LEAST(2, 2)
+  options.useLibUV = false;
+#else
+  (void)options;
+#endif
+}
+
+}  // namespace train::compat
+#endif  // TRAIN_COMPAT_C10D

@@ -154,6 +154,7 @@ constexpr SectionInfo kSections[] = {
     {"precision", "Numeric precision and memory layout; auto lets the plan choose per device."},
     {"checkpoint", "Periodic checkpoints."},
     {"logging", "Console and metrics output."},
+    {"distributed", "Data-parallel training over c10d (used when launched with more than one rank)."},
 };
 
 std::string check_device(const std::string& device) {
@@ -177,6 +178,7 @@ std::vector<Key> build_schema() {
   const SectionKeys precision("precision", &Config::precision);
   const SectionKeys checkpoint("checkpoint", &Config::checkpoint);
   const SectionKeys logging("logging", &Config::logging);
+  const SectionKeys distributed("distributed", &Config::distributed);
   using M = ModelConfig;
   using D = DataConfig;
   using O = OptimConfig;
@@ -346,6 +348,26 @@ std::vector<Key> build_schema() {
       logging("level", &LoggingConfig::level, "console log level")
           .one_of({"trace", "debug", "info", "warn", "error"}),
       logging("jsonl", &LoggingConfig::jsonl, "write metrics.jsonl in the run directory"),
+
+      distributed("backend", &DistributedConfig::backend,
+                  "collective backend; auto = nccl when the ranks have GPUs, gloo otherwise")
+          .one_of({"auto", "nccl", "gloo"}),
+      distributed("timeout_s", &DistributedConfig::timeout_s,
+                  "seconds before a collective that a peer never joins fails (a dead or hung rank)")
+          .above(0),
+      distributed("init_timeout_s", &DistributedConfig::init_timeout_s,
+                  "seconds the rendezvous waits for every rank to join")
+          .above(0),
+      distributed("bucket_mb", &DistributedConfig::bucket_mb,
+                  "gradient bucket size in MiB; each bucket is all-reduced as soon as its gradients are ready")
+          .above(0),
+      distributed("first_bucket_mb", &DistributedConfig::first_bucket_mb,
+                  "size of the first bucket (the last layers' gradients, ready first) in MiB")
+          .above(0),
+      distributed("find_unused_parameters", &DistributedConfig::find_unused_parameters,
+                  "parameters that get no gradient count as zero; false = such a parameter is an error"),
+      distributed("broadcast_buffers", &DistributedConfig::broadcast_buffers,
+                  "copy rank 0's buffers (BatchNorm running statistics) to every rank before each step"),
   };
 }
 

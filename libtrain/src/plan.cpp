@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "train/errors.h"
+#include "train/log.h"
 #include "train/metrics.h"
 
 namespace train {
@@ -76,6 +77,7 @@ Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInpu
     int64_t micro = pow2_at_most(mem.max_micro_batch);
     if (mem.throughput_choice > 0) micro = std::min(micro, mem.throughput_choice);
     micro = std::min(micro, std::max<int64_t>(1, limit / plan.world_size));
+    if (config.tuning.max_micro_batch > 0) micro = std::min(micro, config.tuning.max_micro_batch);
     if (micro * plan.world_size > plan.global_batch) {
       plan.global_batch = micro * plan.world_size;
       plan.scaled_batch = true;
@@ -219,10 +221,12 @@ Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInpu
   }
 
   // ---- CPU threads ----
-  plan.threads = config.trainer.threads > 0 ? config.trainer.threads : device.cpu_cores;
+  const int64_t sharing = std::max<int64_t>(1, inputs.local_world_size);
+  plan.threads = config.trainer.threads > 0 ? config.trainer.threads : std::max<int64_t>(1, device.cpu_cores / sharing);
   decide("threads", std::to_string(plan.threads),
          config.trainer.threads > 0 ? "trainer.threads"
-                                    : std::to_string(device.cpu_cores) + " cores available to this process");
+         : sharing > 1 ? log::str(device.cpu_cores, " cores available / ", sharing, " ranks on this host")
+                       : std::to_string(device.cpu_cores) + " cores available to this process");
 
   // ---- loader ----
   plan.pin_memory = device.is_cuda();
@@ -231,7 +235,7 @@ Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInpu
     plan.workers = config.data.workers;
     decide("workers", std::to_string(plan.workers), "data.workers");
   } else if (device.is_cuda()) {
-    const int per_gpu = device.cpu_cores / std::max<int64_t>(1, std::min<int64_t>(device.visible_gpus, plan.world_size));
+    const int64_t per_gpu = device.cpu_cores / sharing;  // one rank per GPU on this host
     plan.workers = std::clamp<int64_t>(per_gpu - 1, 1, 8);
     decide("workers", std::to_string(plan.workers), "cores per GPU minus one for the training thread, at most 8");
   } else {

@@ -6,6 +6,7 @@
 
 #include "compat.h"
 #include "train/data/factory.h"
+#include "train/dist.h"
 #include "train/errors.h"
 #include "train/log.h"
 #include "train/plan_cache.h"
@@ -141,12 +142,42 @@ MemoryEvidence gather_evidence(const Config& config, const DeviceProfile& device
   return evidence;
 }
 
+// Every rank resolves its own plan from its own device and probe; they must run the same one.
+// The micro-batch becomes the smallest any rank chose (it divides the same per-rank batch
+// everywhere), and then every number that shapes the collectives must match.
+void agree_across_ranks(Plan& plan, const Config& config, const DeviceProfile& device, PlanInputs inputs,
+                        dist::Group& group) {
+  const int64_t mine = plan.micro_batch;
+  const int64_t agreed = group.reduce_int(mine, dist::ReduceOp::Min);
+  if (agreed != mine) {
+    Config capped = config;
+    capped.tuning.max_micro_batch = agreed;
+    plan = make_plan(capped, device, inputs);
+  }
+  for (auto& d : plan.decisions) {
+    if (d.name == "micro_batch" && group.size() > 1) {
+      d.reason += log::str("; agreed across ", group.size(), " ranks (smallest choice", agreed != mine ?
+                           log::str(", this rank alone would use ", mine) : std::string(), ")");
+    }
+  }
+  const int64_t numbers[] = {plan.global_batch, plan.accum_steps, plan.micro_batch};
+  const char* names[] = {"global_batch", "accum_steps", "micro_batch"};
+  for (int i = 0; i < 3; ++i) {
+    if (group.reduce_int(numbers[i], dist::ReduceOp::Min) != group.reduce_int(numbers[i], dist::ReduceOp::Max)) {
+      throw Error(log::str("distributed: the ranks resolved different plans (", names[i],
+                           " differs); give every rank the same config and the same kind of device"));
+    }
+  }
+}
+
 }  // namespace
 
 RunParts prepare_run(const Config& config, const RunOptions& options) {
   RunParts r;
   r.config = config;
-  r.device = config.tuning.device.empty() ? detect_device(config.trainer.device, options.local_rank)
+  const dist::Env& env = options.env;
+  const int64_t world_size = options.plan_world_size > 0 ? options.plan_world_size : env.world_size;
+  r.device = config.tuning.device.empty() ? detect_device(config.trainer.device, static_cast<int>(env.local_rank))
                                           : named_device(config.tuning.device);
   std::vector<int64_t> shape;
   int64_t num_classes = config.model.num_classes;
@@ -174,17 +205,30 @@ RunParts prepare_run(const Config& config, const RunOptions& options) {
   torch::manual_seed(static_cast<uint64_t>(config.trainer.seed));
   r.model = models::make_model(config.model);
 
+  // Join the job before the plan: the ranks must agree on it. A rank that failed above (bad
+  // data, bad config) has exited already, and its launcher stops the others.
+  if (options.plan_world_size == 0 && env.distributed()) {
+    if (!config.tuning.device.empty()) {
+      throw ConfigError("key 'tuning.device': a named device profile plans for hardware that is not here; it cannot "
+                        "be used for a distributed run (" + env.describe() + ")");
+    }
+    r.group = dist::Group::create(env, config.distributed, r.device.device_string());
+    log::info("distributed: " + env.describe() + ", backend " + r.group->backend());
+  }
+
   PlanInputs inputs;
-  inputs.world_size = options.world_size;
-  inputs.rank = options.rank;
+  inputs.world_size = world_size;
+  inputs.rank = env.rank;
+  inputs.local_world_size = options.plan_world_size > 0 ? 1 : env.local_world_size;
   inputs.model_params = models::count_parameters(*r.model);
   inputs.convolutional = r.model->is_convolutional();
   inputs.static_shapes = true;
   // Precision and layout decide what the probe measures; the probe then bounds the micro-batch.
   const Plan draft = make_plan(config, r.device, inputs);
   apply_plan_globals(draft);  // the probe measures under the run's threads and cuDNN settings
-  inputs.memory = gather_evidence(config, r.device, draft, *r.model, shape, num_classes, options.world_size);
+  inputs.memory = gather_evidence(config, r.device, draft, *r.model, shape, num_classes, static_cast<int>(world_size));
   r.plan = make_plan(config, r.device, inputs);
+  if (r.group) agree_across_ranks(r.plan, config, r.device, inputs, *r.group);
   if (r.train) finalize_schedule(r.plan, config, r.train->size());
   return r;
 }

@@ -12,6 +12,7 @@
 #include "train/amp.h"
 #include "train/checkpoint.h"
 #include "train/data/loader.h"
+#include "train/ddp.h"
 #include "train/errors.h"
 #include "train/files.h"
 #include "train/log.h"
@@ -35,6 +36,27 @@ torch::Tensor loss_fn(const torch::Tensor& logits, const torch::Tensor& target, 
                                               target.reshape({-1}), options);
 }
 
+// Rank r's share of a dataset for evaluation: samples r, r + W, r + 2W, ... without the padding
+// a training sampler adds, so that the sums over all ranks count every sample exactly once.
+class ShardView final : public data::Dataset {
+ public:
+  ShardView(data::DatasetPtr base, int64_t rank, int64_t world) : base_(std::move(base)), rank_(rank), world_(world) {}
+  int64_t size() const override { return std::max<int64_t>(0, (base_->size() - rank_ + world_ - 1) / world_); }
+  data::Example get(int64_t index, uint64_t seed) const override { return base_->get(index * world_ + rank_, seed); }
+  data::Batch collate(std::vector<data::Example>&& examples) const override {
+    return base_->collate(std::move(examples));
+  }
+  std::vector<int64_t> input_shape() const override { return base_->input_shape(); }
+  int64_t num_classes() const override { return base_->num_classes(); }
+  std::string describe() const override {
+    return base_->describe() + log::str(" (rank ", rank_, "'s share of ", world_, ")");
+  }
+
+ private:
+  data::DatasetPtr base_;
+  int64_t rank_, world_;
+};
+
 std::string fixed(double v, int digits) {
   std::ostringstream out;
   out << std::fixed << std::setprecision(digits) << v;
@@ -53,6 +75,9 @@ struct Trainer::Impl {
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   std::unique_ptr<GradScaler> scaler;
   std::unique_ptr<data::Loader> loader;
+  dist::GroupPtr group;                 // null for a single process
+  std::unique_ptr<dist::GradSync> sync;  // data-parallel gradient averaging (group of > 1 rank)
+  bool has_buffers = false;
   JsonlWriter metrics;
   std::atomic<bool> stop{false};
   int64_t step = 0;
@@ -97,7 +122,7 @@ struct Trainer::Impl {
 };
 
 Trainer::Trainer(Config config, Plan plan, models::ModelPtr model, data::DatasetPtr train, data::DatasetPtr val,
-                 std::string run_dir)
+                 std::string run_dir, dist::GroupPtr group)
     : impl_(std::make_unique<Impl>()) {
   auto& s = *impl_;
   s.config = std::move(config);
@@ -106,10 +131,25 @@ Trainer::Trainer(Config config, Plan plan, models::ModelPtr model, data::Dataset
   s.train_set = std::move(train);
   s.val_set = std::move(val);
   s.run_dir = std::move(run_dir);
+  if (group && group->size() > 1) {
+    if (group->size() != s.plan.world_size || group->rank() != s.plan.rank) {
+      throw Error(log::str("the plan was made for rank ", s.plan.rank, " of ", s.plan.world_size,
+                           " but the process group is rank ", group->rank(), " of ", group->size()));
+    }
+    s.group = std::move(group);
+  }
   if (s.plan.total_steps <= 0) finalize_schedule(s.plan, s.config, s.train_set->size());
   s.device = torch::Device(s.plan.device.device_string());
   s.model->to(s.device);
   if (s.plan.channels_last) to_channels_last(*s.model);
+  if (s.group) {
+    dist::GradSyncOptions so;
+    so.bucket_bytes = static_cast<int64_t>(s.config.distributed.bucket_mb * (1 << 20));
+    so.first_bucket_bytes = static_cast<int64_t>(s.config.distributed.first_bucket_mb * (1 << 20));
+    so.find_unused_parameters = s.config.distributed.find_unused_parameters;
+    s.sync = std::make_unique<dist::GradSync>(*s.model, s.group, so);
+    s.has_buffers = !s.model->buffers().empty();
+  }
   s.optimizer = make_optimizer(s.config.optim, *s.model, s.plan.lr);
   GradScalerOptions scaling;
   scaling.enabled = s.plan.loss_scaling;  // disabled: scale/step/update are pass-throughs
@@ -147,7 +187,9 @@ EvalResult Trainer::evaluate() {
   lo.workers = s.plan.workers;
   lo.prefetch = s.plan.prefetch;
   lo.pin_memory = s.plan.pin_memory;
-  data::Loader loader(s.val_set, lo);
+  const data::DatasetPtr val = s.group ? std::make_shared<ShardView>(s.val_set, s.group->rank(), s.group->size())
+                                      : s.val_set;
+  data::Loader loader(val, lo);
   loader.start({0, 0});
   torch::NoGradGuard no_grad;
   s.model->eval();
@@ -171,9 +213,21 @@ EvalResult Trainer::evaluate() {
     result.samples += valid.sum().item<int64_t>();
   }
   s.model->train();
+  double loss_total = loss_sum.item<double>();
+  double correct_total = static_cast<double>(correct.item<int64_t>());
+  if (s.group) {  // every rank evaluated its own share
+    auto sums = torch::tensor({loss_total, correct_total, static_cast<double>(result.samples)},
+                              torch::TensorOptions().dtype(torch::kDouble))
+                    .to(s.device);
+    s.group->allreduce(sums, dist::ReduceOp::Sum);
+    sums = sums.cpu();
+    loss_total = sums[0].item<double>();
+    correct_total = sums[1].item<double>();
+    result.samples = static_cast<int64_t>(sums[2].item<double>());
+  }
   if (result.samples > 0) {
-    result.loss = loss_sum.item<double>() / static_cast<double>(result.samples);
-    result.accuracy = static_cast<double>(correct.item<int64_t>()) / static_cast<double>(result.samples);
+    result.loss = loss_total / static_cast<double>(result.samples);
+    result.accuracy = correct_total / static_cast<double>(result.samples);
   }
   return result;
 }
@@ -205,6 +259,10 @@ FitResult Trainer::fit(const std::string& resume) {
     load_model_weights(s.config.model.init_from, *s.model);
     log::info("model weights initialised from " + s.config.model.init_from);
   }
+  if (s.sync) {
+    s.sync->broadcast_parameters();  // identical replicas, whatever each rank initialised or loaded
+    log::info("distributed: gradient allreduce in " + s.sync->describe());
+  }
   s.loader->start(start_pos);
   s.model->train();
 
@@ -235,8 +293,12 @@ FitResult Trainer::fit(const std::string& resume) {
   while (s.step < s.plan.total_steps) {
     const auto t0 = Clock::now();
     s.optimizer->zero_grad();
+    // Like PyTorch's DDP: rank 0's BatchNorm statistics go to every rank before the forward.
+    if (s.sync && s.has_buffers && s.config.distributed.broadcast_buffers) s.sync->broadcast_buffers();
     auto step_loss = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(s.device));
     for (int64_t micro = 0; micro < s.plan.accum_steps; ++micro) {
+      // Only the last micro-step of an accumulation communicates (no_sync for the others).
+      if (s.sync) s.sync->prepare(micro + 1 == s.plan.accum_steps);
       const data::Batch batch = s.next_batch();
       torch::Tensor loss;
       {
@@ -248,6 +310,7 @@ FitResult Trainer::fit(const std::string& resume) {
       s.scaler->scale(loss / static_cast<double>(s.plan.accum_steps)).backward();
       step_loss += loss.detach().to(torch::kDouble);
     }
+    if (s.sync) s.sync->finish();  // averaged gradients, before unscaling, clipping and the step
     if (s.config.optim.clip_grad_norm > 0) {
       s.scaler->unscale(*s.optimizer);  // clip the true gradients, not the scaled ones
       clip_grad_norm(*s.model, s.config.optim.clip_grad_norm);
@@ -274,6 +337,11 @@ FitResult Trainer::fit(const std::string& resume) {
     if (s.step % log_every == 0 || last) {
       const double elapsed = seconds_since(window_start);
       const double waited = s.loader->wait_seconds() - window_wait_start;
+      if (s.group) {  // the loss of the global batch: the mean over ranks
+        s.group->allreduce(window_loss, dist::ReduceOp::Sum);
+        window_loss.div_(static_cast<double>(s.group->size()));
+        window_samples *= s.group->size();
+      }
       const double mean_loss = window_loss.item<double>() / static_cast<double>(window_steps);
       if (!std::isfinite(mean_loss)) {
         throw Error(log::str("loss is ", mean_loss, " at step ", s.step,
@@ -305,12 +373,16 @@ FitResult Trainer::fit(const std::string& resume) {
       result.val = evaluate_and_log();
       evaluated_at_end = last;
     }
-    const bool stopping = s.stop.load();
+    bool stopping = s.stop.load();
+    // A stop request (SIGTERM) may reach one rank only; all ranks stop after the same step.
+    if (s.group) stopping = s.group->reduce_int(stopping ? 1 : 0, dist::ReduceOp::Max) != 0;
     const int64_t every = s.config.checkpoint.every_steps;
     if (!ckpt_dir.empty() && ((every > 0 && s.step % every == 0) || last || stopping)) {
       result.last_checkpoint = checkpoint_path(ckpt_dir, s.step);
-      s.write_checkpoint(result.last_checkpoint);
-      log::info("checkpoint " + result.last_checkpoint);
+      if (s.plan.rank == 0) {  // the replicas are identical; rank 0 writes for all
+        s.write_checkpoint(result.last_checkpoint);
+        log::info("checkpoint " + result.last_checkpoint);
+      }
     }
     if (stopping && !last) {
       log::warn(log::str("stop requested: stopped after step ", s.step, "; resume with --resume auto"));
@@ -318,6 +390,17 @@ FitResult Trainer::fit(const std::string& resume) {
     }
   }
   if (!evaluated_at_end && s.step == s.plan.total_steps && first_step == s.step) result.val = evaluate_and_log();
+  if (s.sync) {
+    result.diverged_ranks = s.sync->count_diverged_ranks();
+    result.allreduce_wait_seconds = s.sync->stats().wait_seconds;
+    if (result.diverged_ranks == 0) {
+      log::info(log::str("distributed: parameters identical on all ", s.group->size(), " ranks; waited ",
+                         fixed(result.allreduce_wait_seconds, 2), " s on gradient allreduce in ",
+                         s.sync->stats().syncs, " steps"));
+    } else {
+      log::warn(log::str("distributed: parameters of ", result.diverged_ranks, " rank(s) differ from rank 0's"));
+    }
+  }
   result.steps = s.step;
   result.seconds = seconds_since(fit_start);
   const double loop_time = seconds_since(loop_start);

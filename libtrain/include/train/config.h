@@ -116,6 +116,16 @@ struct LoggingConfig {
   bool jsonl = true;             // write metrics.jsonl in the run directory
 };
 
+struct DistributedConfig {
+  std::string backend = "auto";  // auto (nccl with GPUs, gloo on CPUs) | nccl | gloo
+  double timeout_s = 90;         // a collective (or a dead peer) fails after this long
+  double init_timeout_s = 300;   // how long rank 0 waits for the others to join the rendezvous
+  double bucket_mb = 25;         // gradient bucket size for overlapped allreduce
+  double first_bucket_mb = 1;    // the first bucket (last layers) is smaller, so communication starts early
+  bool find_unused_parameters = false;  // tolerate parameters that get no gradient (else an error naming them)
+  bool broadcast_buffers = true; // copy rank 0's buffers (BatchNorm statistics) to all ranks every step
+};
+
 struct Config {
   ModelConfig model;
   DataConfig data;
@@ -127,6 +137,7 @@ struct Config {
   PrecisionConfig precision;
   CheckpointConfig checkpoint;
   LoggingConfig logging;
+  DistributedConfig distributed;
 
   std::string source;            // where it was loaded from (file path or "<string>")
 };

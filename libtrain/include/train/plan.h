@@ -66,6 +66,7 @@ struct Plan {
 struct PlanInputs {
   int64_t world_size = 1;
   int64_t rank = 0;
+  int64_t local_world_size = 1;  // ranks sharing this host's cores
   int64_t model_params = 0;
   bool convolutional = false;    // conv nets: channels_last and cudnn.benchmark candidates
   bool static_shapes = true;     // every batch has the same input shape

@@ -4,6 +4,7 @@
 // train::train can call it too, or build the pieces themselves.
 #include <train/config.h>
 #include <train/data/dataset.h>
+#include <train/dist.h>
 #include <train/models/model.h>
 #include <train/plan.h>
 
@@ -16,12 +17,16 @@ struct RunParts {
   data::DatasetPtr train;
   data::DatasetPtr val;
   Plan plan;
+  dist::GroupPtr group;  // this job's process group; null for a single process
 };
 
 struct RunOptions {
-  int world_size = 1;
-  int rank = 0;
-  int local_rank = 0;
+  // This process's place in the job (dist::detect_env() for `train fit`). With more than one
+  // rank, prepare_run joins the process group (config.distributed), the ranks agree on the
+  // smallest micro-batch any of them chose, and RunParts::group is set.
+  dist::Env env;
+  // Plan for this many ranks without joining a group (`train plan --world-size N`); 0 = env's.
+  int64_t plan_world_size = 0;
   // Plan even when the data is not on this machine (`train plan`): the input shape then comes
   // from the config (model.in_channels x data.image_size^2), train/val stay null and the
   // schedule length is known only from trainer.max_steps.

@@ -2,6 +2,7 @@
 // The training loop: accumulate -> (sync) -> clip -> step -> log -> evaluate -> checkpoint.
 #include <train/config.h>
 #include <train/data/dataset.h>
+#include <train/dist.h>
 #include <train/models/model.h>
 #include <train/plan.h>
 
@@ -25,14 +26,22 @@ struct FitResult {
   double seconds = 0;            // wall time of this fit() call
   double data_wait_fraction = 0; // time blocked on the loader / wall time of the training loop
   std::string last_checkpoint;   // "" when no run directory
+  // Distributed runs: ranks whose parameters differ from rank 0's at the end (0 = replicas
+  // identical), and the seconds spent blocked on gradient allreduce (the part not hidden behind
+  // backward).
+  int64_t diverged_ranks = 0;
+  double allreduce_wait_seconds = 0;
 };
 
 class Trainer {
  public:
   // `run_dir` receives metrics.jsonl and checkpoints/; "" keeps everything in memory.
-  // `val` may be null.
+  // `val` may be null. With a process group of more than one rank the trainer is data-parallel:
+  // rank 0's weights are broadcast at the start, gradients are averaged across ranks with
+  // overlapped bucketed allreduce (config.distributed), each rank evaluates its share of the
+  // validation set, and only rank 0 writes metrics and checkpoints.
   Trainer(Config config, Plan plan, models::ModelPtr model, data::DatasetPtr train, data::DatasetPtr val,
-          std::string run_dir);
+          std::string run_dir, dist::GroupPtr group = nullptr);
   ~Trainer();
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;

@@ -1,0 +1,86 @@
+#pragma once
+// Rendezvous and process groups for data-parallel training, on LibTorch's c10d.
+//
+// A run learns its place in the job from the environment that its launcher sets:
+//   torchrun / `train launch`: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+//   Slurm (srun):              SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE
+//   Open MPI (mpirun):         OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE
+// MASTER_ADDR / MASTER_PORT name the rendezvous store in every case; when every rank runs on this
+// host they default to 127.0.0.1:29500.
+//
+// The rendezvous is a c10d TCPStore (served by rank 0, or by torchrun's agent), and the group is
+// c10d's NCCL backend when the ranks have GPUs and Gloo otherwise. c10d stays out of this header.
+#include <torch/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace train {
+struct DistributedConfig;
+}
+
+namespace train::dist {
+
+struct Env {
+  int64_t rank = 0;
+  int64_t world_size = 1;
+  int64_t local_rank = 0;
+  int64_t local_world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int64_t master_port = 29500;
+  std::string launcher = "none";  // none | torchrun | env | slurm | mpirun | train launch
+  bool agent_store = false;       // torchrun's agent already serves the store: every rank is a client
+
+  bool distributed() const { return world_size > 1; }
+  std::string describe() const;
+};
+
+// Reads the launcher's variables from the environment. A single process without any of them is
+// rank 0 of 1. Throws UsageError naming the variable when one is malformed or inconsistent.
+Env detect_env();
+// Same, from an explicit variable lookup (for tests).
+Env detect_env(const std::function<const char*(const char*)>& getenv_fn);
+
+enum class ReduceOp { Sum, Min, Max };
+
+// A c10d process group. Collectives are synchronous and throw train::Error (exit code 1) with the
+// rank, the operation and c10d's reason when a peer dies or does not answer within
+// distributed.timeout_s.
+class Group {
+ public:
+  // Joins the rendezvous and builds the backend. `device` is where this rank's tensors live
+  // ("cpu", "cuda:N"); backend auto picks NCCL for CUDA devices (when LibTorch has it) and Gloo
+  // otherwise.
+  static std::shared_ptr<Group> create(const Env& env, const DistributedConfig& config, const std::string& device);
+  ~Group();
+  Group(const Group&) = delete;
+  Group& operator=(const Group&) = delete;
+
+  int64_t rank() const;
+  int64_t size() const;
+  const std::string& backend() const;  // "gloo" | "nccl"
+  const Env& env() const;
+  double timeout_seconds() const;
+
+  void allreduce(std::vector<torch::Tensor>& tensors, ReduceOp op = ReduceOp::Sum);
+  void allreduce(torch::Tensor& tensor, ReduceOp op = ReduceOp::Sum);
+  void broadcast(std::vector<torch::Tensor>& tensors, int64_t root = 0);
+  void barrier();
+  // Scalar conveniences (a one-element allreduce on the group's device).
+  int64_t reduce_int(int64_t value, ReduceOp op);
+  double reduce_double(double value, ReduceOp op);
+
+  struct Impl;
+  Impl& impl();
+
+ private:
+  explicit Group(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+using GroupPtr = std::shared_ptr<Group>;
+
+}  // namespace train::dist

@@ -1,0 +1,27 @@
+#pragma once
+// `train launch`: runs one process per local rank with the variables torchrun would set
+// (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), and supervises them
+// the way torchrun does: when one rank fails, the others are stopped, and the launcher exits with
+// the failing rank's code. SIGINT/SIGTERM sent to the launcher are forwarded to every rank, which
+// then checkpoint and stop after the same step.
+#include <string>
+#include <vector>
+
+namespace train {
+
+struct LaunchOptions {
+  int nproc = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;         // 0 = a free port chosen on this host
+  double grace_seconds = 30;   // after a rank fails: SIGTERM to the rest, SIGKILL after this long
+};
+
+// Runs `argv` (argv[0] is the program) once per rank and waits for all of them. Returns 0 when
+// every rank exits 0, otherwise the first failing rank's exit code (1 for a rank killed by a
+// signal). Throws UsageError for nproc < 1 or a program that cannot be started.
+int launch_local(const std::vector<std::string>& argv, const LaunchOptions& options);
+
+// A TCP port that was free on `host` a moment ago.
+int free_port(const std::string& host = "127.0.0.1");
+
+}  // namespace train

@@ -1,0 +1,302 @@
+#include "dist_internal.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+
+#include "train/config.h"
+#include "train/errors.h"
+#include "train/log.h"
+
+namespace train::dist {
+namespace {
+
+using Getenv = std::function<const char*(const char*)>;
+
+// Value of an integer variable; `fallback` when unset; UsageError naming it when malformed.
+int64_t env_int(const Getenv& get, const char* name, int64_t fallback, int64_t min_value) {
+  const char* raw = get(name);
+  if (raw == nullptr || *raw == '\0') return fallback;
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(raw, &end, 10);
+  if (errno != 0 || end == raw || *end != '\0' || v < min_value) {
+    throw UsageError(std::string("environment variable ") + name + "='" + raw + "' is not an integer >= " +
+                     std::to_string(min_value));
+  }
+  return v;
+}
+
+std::string env_str(const Getenv& get, const char* name, const std::string& fallback) {
+  const char* raw = get(name);
+  return raw == nullptr || *raw == '\0' ? fallback : std::string(raw);
+}
+
+// Slurm's per-node task count is "4" or "4(x2),3" (counts per node, in node order); the first
+// entry is this job's usual value, and every rank of a homogeneous job sees the same number.
+int64_t first_slurm_count(const std::string& tasks_per_node) {
+  int64_t v = 0;
+  for (char c : tasks_per_node) {
+    if (c < '0' || c > '9') break;
+    v = v * 10 + (c - '0');
+  }
+  return v;
+}
+
+// The first host of a Slurm node list: "gpu[03-05,07],cpu1" -> "gpu03".
+std::string first_slurm_host(const std::string& list) {
+  std::string host;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const char c = list[i];
+    if (c == ',') break;
+    if (c == '[') {
+      size_t j = i + 1;
+      while (j < list.size() && list[j] != '-' && list[j] != ',' && list[j] != ']') host += list[j++];
+      break;
+    }
+    host += c;
+  }
+  return host;
+}
+
+void check_ranks(const Env& e, const std::string& rank_var, const std::string& size_var) {
+  if (e.rank >= e.world_size) {
+    throw UsageError(rank_var + "=" + std::to_string(e.rank) + " is not below " + size_var + "=" +
+                     std::to_string(e.world_size));
+  }
+  if (e.local_rank >= e.local_world_size) {
+    throw UsageError("local rank " + std::to_string(e.local_rank) + " is not below the local world size " +
+                     std::to_string(e.local_world_size) + " (from " + e.launcher + "'s variables)");
+  }
+  if (e.master_port < 1 || e.master_port > 65535) {
+    throw UsageError("MASTER_PORT=" + std::to_string(e.master_port) + " is not a TCP port");
+  }
+}
+
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Min: return c10d::ReduceOp::MIN;
+    case ReduceOp::Max: return c10d::ReduceOp::MAX;
+    case ReduceOp::Sum: break;
+  }
+  return c10d::ReduceOp::SUM;
+}
+
+std::chrono::milliseconds millis(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
+}
+
+}  // namespace
+
+std::string Env::describe() const {
+  if (!distributed()) return "single process";
+  return log::str("rank ", rank, " of ", world_size, " (local ", local_rank, " of ", local_world_size, "), ", launcher,
+                  ", store ", master_addr, ":", master_port, agent_store ? " (torchrun agent)" : "");
+}
+
+Env detect_env() {
+  return detect_env([](const char* name) -> const char* { return std::getenv(name); });
+}
+
+Env detect_env(const Getenv& get) {
+  Env e;
+  if (get("RANK") != nullptr || get("WORLD_SIZE") != nullptr) {
+    // torchrun, `train launch`, or variables set by hand.
+    if (get("RANK") == nullptr || get("WORLD_SIZE") == nullptr) {
+      throw UsageError("RANK and WORLD_SIZE must be set together (found only " +
+                       std::string(get("RANK") ? "RANK" : "WORLD_SIZE") + ")");
+    }
+    e.world_size = env_int(get, "WORLD_SIZE", 1, 1);
+    e.rank = env_int(get, "RANK", 0, 0);
+    e.local_rank = env_int(get, "LOCAL_RANK", e.world_size == 1 ? 0 : e.rank, 0);
+    e.local_world_size = env_int(get, "LOCAL_WORLD_SIZE", e.world_size, 1);
+    e.launcher = get("TORCHELASTIC_RUN_ID") ? "torchrun" : env_str(get, "TRAIN_LAUNCHER", "env");
+    e.agent_store = env_str(get, "TORCHELASTIC_USE_AGENT_STORE", "") == "True";
+    check_ranks(e, "RANK", "WORLD_SIZE");
+  } else if (get("SLURM_PROCID") != nullptr && env_int(get, "SLURM_NTASKS", 1, 1) > 1) {
+    e.launcher = "slurm";
+    e.world_size = env_int(get, "SLURM_NTASKS", 1, 1);
+    e.rank = env_int(get, "SLURM_PROCID", 0, 0);
+    e.local_rank = env_int(get, "SLURM_LOCALID", 0, 0);
+    int64_t local = first_slurm_count(env_str(get, "SLURM_NTASKS_PER_NODE", ""));
+    if (local <= 0) local = first_slurm_count(env_str(get, "SLURM_TASKS_PER_NODE", ""));
+    e.local_world_size = local > 0 ? local : e.world_size;
+    const std::string nodes = env_str(get, "SLURM_JOB_NODELIST", env_str(get, "SLURM_NODELIST", ""));
+    if (get("MASTER_ADDR") == nullptr && !nodes.empty()) e.master_addr = first_slurm_host(nodes);
+    check_ranks(e, "SLURM_PROCID", "SLURM_NTASKS");
+  } else if (get("OMPI_COMM_WORLD_RANK") != nullptr) {
+    e.launcher = "mpirun";
+    e.world_size = env_int(get, "OMPI_COMM_WORLD_SIZE", 1, 1);
+    e.rank = env_int(get, "OMPI_COMM_WORLD_RANK", 0, 0);
+    e.local_rank = env_int(get, "OMPI_COMM_WORLD_LOCAL_RANK", 0, 0);
+    e.local_world_size = env_int(get, "OMPI_COMM_WORLD_LOCAL_SIZE", e.world_size, 1);
+    check_ranks(e, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE");
+  } else {
+    return e;  // one process
+  }
+  if (e.distributed() && get("MASTER_ADDR") == nullptr && e.local_world_size < e.world_size &&
+      e.launcher == "mpirun") {
+    throw UsageError("ranks span several hosts but MASTER_ADDR is not set; pass it to every rank "
+                     "(mpirun -x MASTER_ADDR=<rank 0's host> -x MASTER_PORT=<port>)");
+  }
+  e.master_addr = env_str(get, "MASTER_ADDR", e.master_addr);
+  e.master_port = env_int(get, "MASTER_PORT", e.master_port, 1);
+  check_ranks(e, "rank", "world size");
+  return e;
+}
+
+// ---- Group ---------------------------------------------------------------------------------
+
+void Group::Impl::fail(const std::string& op, const std::string& reason) const {
+  throw Error(log::str("distributed: rank ", env.rank, " of ", env.world_size, " (", backend_name, "): ", op,
+                       " failed; a peer has died, hung, or did not answer within distributed.timeout_s = ",
+                       timeout_s, " s: ", reason));
+}
+
+void Group::Impl::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& op) const {
+  try {
+    work->wait();
+  } catch (const c10::Error& e) {
+    fail(op, e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    fail(op, e.what());
+  }
+}
+
+Group::Group(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Group::~Group() = default;
+
+std::shared_ptr<Group> Group::create(const Env& env, const DistributedConfig& config, const std::string& device) {
+  auto impl = std::make_unique<Impl>();
+  impl->env = env;
+  impl->device = torch::Device(device);
+  impl->timeout_s = config.timeout_s;
+  const bool cuda = impl->device.is_cuda();
+  std::string backend = config.backend;
+  if (backend == "auto") {
+#ifdef TRAIN_WITH_NCCL
+    backend = cuda ? "nccl" : "gloo";
+#else
+    backend = "gloo";
+#endif
+  }
+  if (backend == "nccl" && !cuda) {
+    throw ConfigError("key 'distributed.backend': nccl needs CUDA devices, but this rank runs on " + device +
+                      "; use gloo or auto");
+  }
+#ifndef TRAIN_WITH_NCCL
+  if (backend == "nccl") {
+    throw ConfigError("key 'distributed.backend': nccl, but this build of train has no NCCL (LibTorch " +
+                      compat::torch_version() + " without CUDA, or nccl.h was not found at build time)");
+  }
+#endif
+  impl->backend_name = backend;
+
+  // ---- rendezvous: a TCPStore served by rank 0 (or torchrun's agent) ----
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<uint16_t>(env.master_port);
+  so.isServer = env.rank == 0 && !env.agent_store;
+  so.numWorkers = static_cast<size_t>(env.world_size);
+  so.waitWorkers = true;  // every rank must check in (clients increment the count the server waits for)
+  so.timeout = millis(config.init_timeout_s);
+  compat::store_without_libuv(so);
+  try {
+    auto tcp = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
+    impl->store = c10::make_intrusive<c10d::PrefixStore>("train/", tcp);
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    throw Error(log::str("distributed: rank ", env.rank, " could not join the rendezvous at ", env.master_addr, ":",
+                         env.master_port, " within distributed.init_timeout_s = ", config.init_timeout_s,
+                         " s (", env.launcher, "): ", what.substr(0, what.find('\n'))));
+  }
+
+  // ---- backend ----
+  const auto timeout = millis(config.timeout_s);
+  try {
+    if (backend == "gloo") {
+      auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+      const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+      if (ifname != nullptr && *ifname != '\0') {
+        options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+      } else if (env.local_world_size == env.world_size) {
+        options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+      } else {
+        options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+      }
+      impl->backend = c10::make_intrusive<c10d::ProcessGroupGloo>(impl->store, static_cast<int>(env.rank),
+                                                                   static_cast<int>(env.world_size), options);
+    } else {
+#ifdef TRAIN_WITH_NCCL
+      auto options = c10d::ProcessGroupNCCL::Options::create();
+      options->timeout = timeout;
+      impl->backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(impl->store, static_cast<int>(env.rank),
+                                                                   static_cast<int>(env.world_size), options);
+#endif
+    }
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    throw Error(log::str("distributed: rank ", env.rank, " could not create the ", backend,
+                         " process group: ", what.substr(0, what.find('\n'))));
+  }
+  auto group = std::shared_ptr<Group>(new Group(std::move(impl)));
+  // Proves every rank is connected before anything else happens (NCCL connects lazily).
+  group->barrier();
+  return group;
+}
+
+int64_t Group::rank() const { return impl_->env.rank; }
+int64_t Group::size() const { return impl_->env.world_size; }
+const std::string& Group::backend() const { return impl_->backend_name; }
+const Env& Group::env() const { return impl_->env; }
+double Group::timeout_seconds() const { return impl_->timeout_s; }
+Group::Impl& Group::impl() { return *impl_; }
+
+void Group::allreduce(std::vector<torch::Tensor>& tensors, ReduceOp op) {
+  c10d::AllreduceOptions options;
+  options.reduceOp = to_c10d(op);
+  c10::intrusive_ptr<c10d::Work> work;
+  try {
+    work = impl_->backend->allreduce(tensors, options);
+  } catch (const std::exception& e) {
+    impl_->fail("allreduce", e.what());
+  }
+  impl_->wait(work, "allreduce");
+}
+
+void Group::allreduce(torch::Tensor& tensor, ReduceOp op) {
+  std::vector<torch::Tensor> tensors{tensor};
+  allreduce(tensors, op);
+}
+
+void Group::broadcast(std::vector<torch::Tensor>& tensors, int64_t root) {
+  c10d::BroadcastOptions options;
+  options.rootRank = root;
+  c10::intrusive_ptr<c10d::Work> work;
+  try {
+    work = impl_->backend->broadcast(tensors, options);
+  } catch (const std::exception& e) {
+    impl_->fail("broadcast", e.what());
+  }
+  impl_->wait(work, "broadcast");
+}
+
+void Group::barrier() {
+  // A one-element allreduce: works the same on every backend and proves all ranks are alive.
+  auto t = torch::zeros({1}, torch::TensorOptions().device(impl_->device));
+  allreduce(t, ReduceOp::Sum);
+}
+
+int64_t Group::reduce_int(int64_t value, ReduceOp op) {
+  auto t = torch::full({1}, value, torch::TensorOptions().dtype(torch::kLong).device(impl_->device));
+  allreduce(t, op);
+  return t.item<int64_t>();
+}
+
+double Group::reduce_double(double value, ReduceOp op) {
+  auto t = torch::full({1}, value, torch::TensorOptions().dtype(torch::kDouble).device(impl_->device));
+  allreduce(t, op);
+  return t.item<double>();
+}
+
+}  // namespace train::dist

@@ -1,0 +1,26 @@
+#pragma once
+// The process group's internals, shared by dist.cpp (rendezvous, collectives) and ddp.cpp
+// (bucketed gradient allreduce). Internal header: not installed.
+#define TRAIN_COMPAT_C10D 1
+#include "compat.h"
+#include "train/dist.h"
+
+#include <string>
+
+namespace train::dist {
+
+struct Group::Impl {
+  Env env;
+  std::string backend_name;
+  torch::Device device{torch::kCPU};
+  double timeout_s = 0;
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<compat::C10dBackend> backend;
+
+  // "rank 1 of 2 (gloo): allreduce failed: <c10d's reason>" as a train::Error.
+  [[noreturn]] void fail(const std::string& op, const std::string& reason) const;
+  // Waits for a collective, turning c10d's exceptions into fail().
+  void wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& op) const;
+};
+
+}  // namespace train::dist

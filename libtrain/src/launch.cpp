@@ -1,0 +1,153 @@
+#include "train/launch.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "train/errors.h"
+#include "train/log.h"
+
+namespace train {
+namespace {
+
+std::atomic<int> g_forward_signal{0};
+extern "C" void remember_signal(int sig) { g_forward_signal.store(sig); }
+
+struct Child {
+  int rank = 0;
+  pid_t pid = -1;
+  bool running = false;
+  int exit_code = 0;
+  std::string how;  // "exited with code 1", "killed by signal 9"
+};
+
+// The code the launcher reports for a finished child: its own exit code, or 1 for a signal.
+void record_status(Child& c, int status) {
+  c.running = false;
+  if (WIFEXITED(status)) {
+    c.exit_code = WEXITSTATUS(status);
+    c.how = "exited with code " + std::to_string(c.exit_code);
+  } else if (WIFSIGNALED(status)) {
+    c.exit_code = kExitRuntime;
+    c.how = "was killed by signal " + std::to_string(WTERMSIG(status)) + " (" + strsignal(WTERMSIG(status)) + ")";
+  }
+}
+
+void signal_running(std::vector<Child>& children, int sig) {
+  for (auto& c : children) {
+    if (c.running) ::kill(c.pid, sig);
+  }
+}
+
+}  // namespace
+
+int free_port(const std::string& host) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw Error(std::string("launch: socket(): ") + std::strerror(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = 0;
+  if (::inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    const std::string why = std::strerror(errno);
+    ::close(fd);
+    throw Error("launch: could not find a free port on " + host + ": " + why);
+  }
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+int launch_local(const std::vector<std::string>& argv, const LaunchOptions& options) {
+  if (options.nproc < 1) throw UsageError("launch: --nproc must be at least 1, got " + std::to_string(options.nproc));
+  if (argv.empty()) throw UsageError("launch: no program to run");
+  const int port = options.master_port > 0 ? options.master_port : free_port(options.master_addr);
+  log::info(log::str("launch: ", options.nproc, " ranks on this host, rendezvous at ", options.master_addr, ":", port));
+
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+
+  g_forward_signal.store(0);
+  struct sigaction sa {};
+  sa.sa_handler = remember_signal;
+  sigemptyset(&sa.sa_mask);
+  struct sigaction old_int {}, old_term {};
+  sigaction(SIGINT, &sa, &old_int);
+  sigaction(SIGTERM, &sa, &old_term);
+
+  std::vector<Child> children(static_cast<size_t>(options.nproc));
+  for (int rank = 0; rank < options.nproc; ++rank) {
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      signal_running(children, SIGKILL);
+      throw Error(std::string("launch: fork(): ") + std::strerror(errno));
+    }
+    if (pid == 0) {
+      ::signal(SIGINT, SIG_DFL);
+      ::signal(SIGTERM, SIG_DFL);
+      ::setenv("RANK", std::to_string(rank).c_str(), 1);
+      ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(options.nproc).c_str(), 1);
+      ::setenv("LOCAL_WORLD_SIZE", std::to_string(options.nproc).c_str(), 1);
+      ::setenv("MASTER_ADDR", options.master_addr.c_str(), 1);
+      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      ::setenv("TRAIN_LAUNCHER", "train launch", 1);
+      ::unsetenv("TORCHELASTIC_RUN_ID");
+      ::unsetenv("TORCHELASTIC_USE_AGENT_STORE");
+      ::execv(args[0], args.data());
+      std::fprintf(stderr, "launch: cannot run %s: %s\n", args[0], std::strerror(errno));
+      ::_exit(127);
+    }
+    children[static_cast<size_t>(rank)] = Child{rank, pid, true, 0, ""};
+  }
+
+  int result = kExitOk;
+  bool stopping = false;
+  std::chrono::steady_clock::time_point kill_at{};
+  for (;;) {
+    if (const int sig = g_forward_signal.exchange(0)) {
+      log::warn(log::str("launch: ", strsignal(sig), "; forwarding it to every rank"));
+      signal_running(children, sig);
+    }
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid > 0) {
+      for (auto& c : children) {
+        if (c.pid != pid || !c.running) continue;
+        record_status(c, status);
+        if (c.exit_code != 0 && !stopping) {
+          result = c.exit_code;
+          stopping = true;
+          kill_at = std::chrono::steady_clock::now() +
+                    std::chrono::milliseconds(static_cast<int64_t>(options.grace_seconds * 1000));
+          log::error(log::str("launch: rank ", c.rank, " (pid ", c.pid, ") ", c.how, "; stopping the other ranks"));
+          signal_running(children, SIGTERM);
+        }
+      }
+      continue;
+    }
+    if (pid < 0 && errno == ECHILD) break;
+    if (stopping && std::chrono::steady_clock::now() >= kill_at) {
+      signal_running(children, SIGKILL);
+      kill_at = std::chrono::steady_clock::time_point::max();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  sigaction(SIGINT, &old_int, nullptr);
+  sigaction(SIGTERM, &old_term, nullptr);
+  if (result == kExitOk) log::info(log::str("launch: all ", options.nproc, " ranks finished"));
+  return result;
+}
+
+}  // namespace train

@@ -1,0 +1,470 @@
+// Data-parallel training over c10d/Gloo on loopback, with real processes: the test binary starts
+// copies of itself as ranks (TRAIN_TEST_WORKER=ddp, see main.cpp) and `bin/train launch`,
+// torchrun and mpirun start the CLI.
+#include "testing.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <train/config.h>
+#include <train/dist.h>
+#include <train/errors.h>
+#include <train/files.h>
+#include <train/launch.h>
+#include <train/log.h>
+#include <train/models/model.h>
+#include <train/run.h>
+#include <train/trainer.h>
+
+#include <chrono>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+extern char** environ;
+
+using namespace train;
+
+namespace {
+
+const std::string kTrain = std::string(TRAIN_BINARY_DIR) + "/bin/train";
+
+// A BatchNorm-free model, so that data-parallel and single-process runs are the same arithmetic.
+// With TRAIN_TEST_DIE_RANK / TRAIN_TEST_DIE_AT set, that rank dies (or hangs) in that forward.
+class TestMlp : public models::Model {
+ public:
+  TestMlp(int64_t in, int64_t classes, bool with_unused)
+      : fc1_(register_module("fc1", torch::nn::Linear(in, 32))), fc2_(register_module("fc2", torch::nn::Linear(32, classes))) {
+    if (with_unused) unused_ = register_module("unused", torch::nn::Linear(4, 4));
+    if (const char* r = std::getenv("TRAIN_TEST_DIE_RANK")) die_rank_ = std::atoi(r);
+    if (const char* a = std::getenv("TRAIN_TEST_DIE_AT")) die_at_ = std::atoi(a);
+    if (const char* h = std::getenv("TRAIN_TEST_HANG")) hang_ = std::string(h) == "1";
+    if (const char* r = std::getenv("RANK")) rank_ = std::atoi(r);
+  }
+  torch::Tensor forward(const torch::Tensor& x) override {
+    if (rank_ == die_rank_ && ++calls_ == die_at_) {
+      if (hang_) std::this_thread::sleep_for(std::chrono::hours(1));
+      std::_Exit(3);
+    }
+    return fc2_(torch::relu(fc1_(x.flatten(1))));
+  }
+
+ private:
+  torch::nn::Linear fc1_, fc2_;
+  torch::nn::Linear unused_{nullptr};
+  int die_rank_ = -1, die_at_ = -1, rank_ = 0, calls_ = 0;
+  bool hang_ = false;
+};
+
+void register_test_models() {
+  models::register_model("test_mlp", [](const ModelConfig& c) {
+    return std::make_shared<TestMlp>(c.in_channels * 8 * 8, c.num_classes, false);
+  }, "test MLP for 8x8 inputs");
+  models::register_model("test_mlp_unused", [](const ModelConfig& c) {
+    return std::make_shared<TestMlp>(c.in_channels * 8 * 8, c.num_classes, true);
+  }, "test MLP with a parameter that never gets a gradient");
+}
+
+std::string write_config(const std::string& dir, const std::string& name, const std::string& extra,
+                         const std::string& model = "test_mlp") {
+  const std::string path = files::join(dir, name + ".yaml");
+  std::ofstream(path) << "model: {name: " << model << ", in_channels: 1, num_classes: 10}\n"
+                         "data: {kind: synthetic, channels: 1, image_size: 8, synthetic_train_samples: 512,"
+                         " synthetic_val_samples: 50, workers: 1}\n"
+                         "optim: {name: sgd, lr: 0.1, momentum: 0.9, weight_decay: 0.0001}\n"
+                         "schedule: {name: constant}\n"
+                         "trainer: {global_batch: 16, max_steps: 24, device: cpu, threads: 1, seed: 3}\n"
+                         "logging: {every_steps: 8}\n"
+                      << extra;
+  return path;
+}
+
+// One rank (or a single process): trains and returns every parameter.
+std::vector<torch::Tensor> train_once(const std::string& config_path, const dist::Env& env, FitResult* out = nullptr) {
+  register_test_models();
+  const Config config = load_config(config_path);
+  RunOptions options;
+  options.env = env;
+  RunParts run = prepare_run(config, options);
+  apply_plan_globals(run.plan);
+  Trainer trainer(config, run.plan, run.model, run.train, run.val, "", run.group);
+  const FitResult result = trainer.fit();
+  if (out) *out = result;
+  std::vector<torch::Tensor> params;
+  for (const auto& p : run.model->parameters()) params.push_back(p.detach().clone());
+  return params;
+}
+
+struct Proc {
+  pid_t pid = -1;
+  std::string log;  // stdout + stderr
+};
+
+Proc spawn(const std::vector<std::string>& args, const std::map<std::string, std::string>& env,
+           const std::string& log) {
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e; ++e) {
+    const std::string kv = *e;
+    const std::string key = kv.substr(0, kv.find('='));
+    if (!env.count(key)) env_strings.push_back(kv);
+  }
+  for (const auto& [k, v] : env) env_strings.push_back(k + "=" + v);
+  std::vector<char*> envp, argv;
+  for (auto& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> a = args;
+  for (auto& s : a) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  Proc p;
+  p.log = log;
+  const int rc = posix_spawnp(&p.pid, a[0].c_str(), &actions, nullptr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  REQUIRE(rc == 0);
+  return p;
+}
+
+// Exit code, or 128 + signal; -1 when it did not finish within `seconds`.
+int wait_for(const Proc& p, double seconds) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  for (;;) {
+    int status = 0;
+    const pid_t r = waitpid(p.pid, &status, WNOHANG);
+    if (r == p.pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (std::chrono::steady_clock::now() > deadline) return -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+void kill_and_reap(const Proc& p) {
+  ::kill(p.pid, SIGKILL);
+  int status = 0;
+  waitpid(p.pid, &status, 0);
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::string self_exe() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  REQUIRE(n > 0);
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+// Starts `world` ranks of the worker below; returns their processes.
+std::vector<Proc> start_ranks(const std::string& dir, const std::string& config, int world,
+                              std::map<std::string, std::string> extra = {}) {
+  const int port = free_port();
+  std::vector<Proc> procs;
+  for (int r = 0; r < world; ++r) {
+    auto env = extra;
+    env["TRAIN_TEST_WORKER"] = "ddp";
+    env["TRAIN_TEST_CONFIG"] = config;
+    env["TRAIN_TEST_OUT"] = files::join(dir, "params.rank" + std::to_string(r) + ".pt");
+    env["RANK"] = std::to_string(r);
+    env["LOCAL_RANK"] = std::to_string(r);
+    env["WORLD_SIZE"] = std::to_string(world);
+    env["LOCAL_WORLD_SIZE"] = std::to_string(world);
+    env["MASTER_ADDR"] = "127.0.0.1";
+    env["MASTER_PORT"] = std::to_string(port);
+    procs.push_back(spawn({self_exe()}, env, files::join(dir, "rank" + std::to_string(r) + ".log")));
+  }
+  return procs;
+}
+
+std::vector<torch::Tensor> load_params(const std::string& path) {
+  std::vector<torch::Tensor> params;
+  torch::load(params, path);
+  return params;
+}
+
+// Runs 2 ranks to completion and returns rank 0's and rank 1's final parameters.
+std::pair<std::vector<torch::Tensor>, std::vector<torch::Tensor>> run_two_ranks(const std::string& dir,
+                                                                                 const std::string& config) {
+  auto procs = start_ranks(dir, config, 2);
+  for (const auto& p : procs) {
+    const int rc = wait_for(p, 300);
+    INFO(slurp(p.log));
+    REQUIRE(rc == 0);
+  }
+  return {load_params(files::join(dir, "params.rank0.pt")), load_params(files::join(dir, "params.rank1.pt"))};
+}
+
+bool bitwise_equal(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!a[i].sizes().equals(b[i].sizes()) || !torch::equal(a[i], b[i])) return false;
+  }
+  return true;
+}
+
+double max_abs_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, (a[i] - b[i]).abs().max().item<double>());
+  return m;
+}
+
+}  // namespace
+
+// The child-process side: one rank of a run described by TRAIN_TEST_CONFIG.
+int ddp_test_worker() {
+  try {
+    const dist::Env env = dist::detect_env();
+    log::set_rank(static_cast<int>(env.rank));
+    const auto params = train_once(std::getenv("TRAIN_TEST_CONFIG"), env);
+    torch::save(params, std::getenv("TRAIN_TEST_OUT"));
+    return 0;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "worker error: %s\n", e.what());
+    return e.exit_code();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "worker exception: %s\n", e.what());
+    return 1;
+  }
+}
+
+TEST_CASE("environment variables of torchrun, Slurm and Open MPI", "[dist]") {
+  auto from = [](std::map<std::string, std::string> vars) {
+    return dist::detect_env([vars](const char* name) -> const char* {
+      const auto it = vars.find(name);
+      return it == vars.end() ? nullptr : it->second.c_str();
+    });
+  };
+  const dist::Env single = from({});
+  CHECK_FALSE(single.distributed());
+  CHECK(single.world_size == 1);
+
+  const dist::Env tr = from({{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"},
+                             {"MASTER_ADDR", "node7"}, {"MASTER_PORT", "1234"}, {"TORCHELASTIC_RUN_ID", "x"},
+                             {"TORCHELASTIC_USE_AGENT_STORE", "True"}});
+  CHECK(tr.rank == 3);
+  CHECK(tr.world_size == 8);
+  CHECK(tr.local_rank == 1);
+  CHECK(tr.local_world_size == 2);
+  CHECK(tr.master_addr == "node7");
+  CHECK(tr.master_port == 1234);
+  CHECK(tr.launcher == "torchrun");
+  CHECK(tr.agent_store);
+
+  const dist::Env slurm = from({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"},
+                                {"SLURM_NTASKS_PER_NODE", "4(x2)"}, {"SLURM_JOB_NODELIST", "gpu[03-04,07],cpu1"}});
+  CHECK(slurm.launcher == "slurm");
+  CHECK(slurm.rank == 5);
+  CHECK(slurm.world_size == 8);
+  CHECK(slurm.local_rank == 1);
+  CHECK(slurm.local_world_size == 4);
+  CHECK(slurm.master_addr == "gpu03");
+  CHECK(slurm.master_port == 29500);
+  // A single Slurm task is a single process.
+  CHECK_FALSE(from({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}}).distributed());
+
+  const dist::Env mpi = from({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"},
+                              {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
+  CHECK(mpi.launcher == "mpirun");
+  CHECK(mpi.rank == 1);
+  CHECK(mpi.master_addr == "127.0.0.1");
+
+  // Malformed or inconsistent variables name themselves.
+  auto message = [&](std::map<std::string, std::string> vars) {
+    try {
+      from(std::move(vars));
+    } catch (const UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK_THAT(message({{"RANK", "x"}, {"WORLD_SIZE", "2"}}), Catch::Contains("RANK='x'"));
+  CHECK_THAT(message({{"RANK", "2"}, {"WORLD_SIZE", "2"}}), Catch::Contains("RANK=2 is not below WORLD_SIZE=2"));
+  CHECK_THAT(message({{"RANK", "0"}}), Catch::Contains("RANK and WORLD_SIZE must be set together"));
+  CHECK_THAT(message({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "70000"}}),
+             Catch::Contains("MASTER_PORT=70000"));
+  CHECK_THAT(message({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}}),
+             Catch::Contains("MASTER_ADDR is not set"));
+}
+
+TEST_CASE("2 Gloo ranks: identical replicas, equal to one process on the same global batch", "[dist][process]") {
+  const std::string dir = files::make_temp_directory("train_ddp_");
+  const std::string config = write_config(dir, "ddp", "distributed: {timeout_s: 60}\n");
+  const auto [r0, r1] = run_two_ranks(dir, config);
+  CHECK(bitwise_equal(r0, r1));
+
+  const auto single = train_once(config, dist::Env{});
+  REQUIRE(single.size() == r0.size());
+  const double diff = max_abs_diff(single, r0);
+  INFO("max |single - ddp| = " << diff);
+  CHECK(diff < 1e-5);
+  files::remove_all(dir);
+}
+
+TEST_CASE("accumulation with no_sync equals no accumulation; buckets equal one flat allreduce", "[dist][process]") {
+  const std::string dir = files::make_temp_directory("train_ddp_accum_");
+  const auto [whole, whole1] =
+      run_two_ranks(files::make_temp_directory(dir + "/a_"), write_config(dir, "whole", "tuning: {micro_batch: 8}\n"));
+  const auto [accum, accum1] =
+      run_two_ranks(files::make_temp_directory(dir + "/b_"), write_config(dir, "accum", "tuning: {micro_batch: 2}\n"));
+  CHECK(bitwise_equal(accum, accum1));
+  const double diff = max_abs_diff(whole, accum);
+  INFO("max |accum 4 - accum 1| = " << diff);
+  CHECK(diff < 1e-5);
+
+  // Every parameter in its own bucket vs all of them in one: the same sums, bit for bit.
+  const auto [many, many1] = run_two_ranks(
+      files::make_temp_directory(dir + "/c_"),
+      write_config(dir, "many", "distributed: {bucket_mb: 0.000001, first_bucket_mb: 0.000001}\n"));
+  const auto [flat, flat1] = run_two_ranks(files::make_temp_directory(dir + "/d_"),
+                                           write_config(dir, "flat", "distributed: {bucket_mb: 1000, first_bucket_mb: 1000}\n"));
+  CHECK(bitwise_equal(many, flat));
+  CHECK(bitwise_equal(many, whole));
+  files::remove_all(dir);
+}
+
+TEST_CASE("a parameter without a gradient is named, or tolerated when the config says so", "[dist][process]") {
+  const std::string dir = files::make_temp_directory("train_ddp_unused_");
+  const std::string bad = write_config(dir, "bad", "distributed: {timeout_s: 10}\n", "test_mlp_unused");
+  auto procs = start_ranks(dir, bad, 2);
+  for (const auto& p : procs) CHECK(wait_for(p, 120) == 1);
+  CHECK_THAT(slurp(procs[0].log), Catch::Contains("unused.weight") && Catch::Contains("find_unused_parameters"));
+
+  const std::string ok =
+      write_config(dir, "ok", "distributed: {timeout_s: 10, find_unused_parameters: true}\n", "test_mlp_unused");
+  const auto [r0, r1] = run_two_ranks(files::make_temp_directory(dir + "/ok_"), ok);
+  CHECK(bitwise_equal(r0, r1));
+  files::remove_all(dir);
+}
+
+TEST_CASE("when a rank dies or hangs, the others exit non-zero within the timeout", "[dist][process]") {
+  const std::string dir = files::make_temp_directory("train_ddp_dead_");
+  const std::string config = write_config(dir, "dead", "distributed: {timeout_s: 5}\n");
+  SECTION("killed") {
+    auto procs = start_ranks(dir, config, 2, {{"TRAIN_TEST_DIE_RANK", "1"}, {"TRAIN_TEST_DIE_AT", "6"}});
+    CHECK(wait_for(procs[1], 120) == 3);
+    const int rc = wait_for(procs[0], 30);
+    INFO(slurp(procs[0].log));
+    CHECK(rc == 1);
+    CHECK_THAT(slurp(procs[0].log), Catch::Contains("distributed: rank 0 of 2 (gloo)"));
+  }
+  SECTION("hung") {
+    auto procs = start_ranks(dir, config, 2,
+                             {{"TRAIN_TEST_DIE_RANK", "1"}, {"TRAIN_TEST_DIE_AT", "6"}, {"TRAIN_TEST_HANG", "1"}});
+    const auto t0 = std::chrono::steady_clock::now();
+    const int rc = wait_for(procs[0], 60);
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    kill_and_reap(procs[1]);
+    INFO(slurp(procs[0].log));
+    CHECK(rc == 1);
+    CHECK(waited < 45);
+    CHECK_THAT(slurp(procs[0].log), Catch::Contains("distributed.timeout_s = 5"));
+  }
+  files::remove_all(dir);
+}
+
+TEST_CASE("train launch runs ranks and stops them all when one fails", "[dist][process][cli]") {
+  const std::string dir = files::make_temp_directory("train_launch_");
+  const std::string config = files::join(dir, "launch.yaml");
+  std::ofstream(config) << "model: {name: resnet18, in_channels: 1, num_classes: 10, width: 0.125, small_input: true}\n"
+                           "data: {kind: synthetic, channels: 1, image_size: 12, synthetic_train_samples: 256,"
+                           " synthetic_val_samples: 40, workers: 1}\n"
+                           "optim: {name: sgd, lr: 0.05}\n"
+                           "trainer: {global_batch: 16, max_steps: 12, device: cpu}\n"
+                           "checkpoint: {every_steps: 6}\n"
+                           "logging: {every_steps: 4}\n";
+  SECTION("two ranks train to the end") {
+    const std::string run_dir = files::join(dir, "run");
+    auto p = spawn({kTrain, "launch", "--nproc", "2", config, "--run-dir", run_dir}, {}, files::join(dir, "out.log"));
+    const int rc = wait_for(p, 300);
+    const std::string out = slurp(p.log);
+    INFO(out);
+    REQUIRE(rc == 0);
+    CHECK_THAT(out, Catch::Contains("parameters identical on all 2 ranks"));
+    CHECK_THAT(out, Catch::Contains("agreed across 2 ranks"));
+    CHECK_THAT(out, Catch::Contains("2 cores available / 2 ranks on this host") ||
+                        Catch::Contains("1 cores available / 2 ranks on this host") ||
+                        Catch::Contains("cores available / 2 ranks"));
+    CHECK(files::exists(files::join(run_dir, "checkpoints/step_00000012.pt")));
+    // Metrics are written once, by rank 0, with the global batch's mean loss.
+    const std::string metrics = slurp(files::join(run_dir, "metrics.jsonl"));
+    size_t train_rows = 0;
+    for (size_t at = metrics.find("\"split\":\"train\""); at != std::string::npos;
+         at = metrics.find("\"split\":\"train\"", at + 1))
+      ++train_rows;
+    CHECK(train_rows == 3);
+  }
+  SECTION("a rank that cannot start stops the launch with its exit code") {
+    auto p = spawn({kTrain, "launch", "--nproc", "2", config, "--set", "data.kind=idx", "--set",
+                    "data.root=/nonexistent", "--run-dir", files::join(dir, "bad")},
+                   {}, files::join(dir, "bad.log"));
+    const int rc = wait_for(p, 120);
+    INFO(slurp(p.log));
+    CHECK(rc == 2);
+  }
+  SECTION("a rank killed mid-run ends the launch, non-zero, without a hang") {
+    const std::string run_dir = files::join(dir, "killed");
+    auto p = spawn({kTrain, "launch", "--nproc", "2", config, "--set", "trainer.max_steps=100000", "--run-dir",
+                    run_dir},
+                   {}, files::join(dir, "killed.log"));
+    // Find rank 1 (a child of the launcher) once training is under way, and kill it.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (!files::exists(files::join(run_dir, "checkpoints/step_00000006.pt")) &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    REQUIRE(files::exists(files::join(run_dir, "checkpoints/step_00000006.pt")));
+    const std::string kids = slurp("/proc/" + std::to_string(p.pid) + "/task/" + std::to_string(p.pid) + "/children");
+    std::istringstream pids(kids);
+    std::vector<pid_t> children;
+    for (pid_t c; pids >> c;) children.push_back(c);
+    REQUIRE(children.size() == 2);
+    ::kill(children[1], SIGKILL);
+    const int rc = wait_for(p, 60);
+    const std::string out = slurp(p.log);
+    INFO(out);
+    CHECK(rc == 1);
+    CHECK_THAT(out, Catch::Contains("rank 1") && Catch::Contains("signal 9"));
+  }
+  files::remove_all(dir);
+}
+
+TEST_CASE("runs launched by the real torchrun and by mpirun", "[dist][process][launchers]") {
+  const std::string dir = files::make_temp_directory("train_launchers_");
+  const std::string config = files::join(dir, "l.yaml");
+  std::ofstream(config) << "model: {name: resnet18, in_channels: 1, num_classes: 10, width: 0.125, small_input: true}\n"
+                           "data: {kind: synthetic, channels: 1, image_size: 12, synthetic_train_samples: 128,"
+                           " synthetic_val_samples: 20, workers: 1}\n"
+                           "trainer: {global_batch: 16, max_steps: 6, device: cpu}\n";
+  SECTION("torchrun --no-python") {
+    const std::string torchrun = files::join(files::parent(std::string(TRAIN_PYTHON)), "torchrun");
+    REQUIRE(files::exists(torchrun));
+    auto p = spawn({torchrun, "--no-python", "--nproc-per-node", "2", "--master-port", std::to_string(free_port()),
+                    kTrain, "fit", config, "--run-dir", files::join(dir, "torchrun")},
+                   {}, files::join(dir, "torchrun.log"));
+    const int rc = wait_for(p, 300);
+    const std::string out = slurp(p.log);
+    INFO(out);
+    CHECK(rc == 0);
+    CHECK_THAT(out, Catch::Contains("torchrun") && Catch::Contains("parameters identical on all 2 ranks"));
+  }
+  SECTION("mpirun") {
+    auto p = spawn({"mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x",
+                    "MASTER_PORT=" + std::to_string(free_port()), kTrain, "fit", config, "--run-dir",
+                    files::join(dir, "mpirun")},
+                   {{"OMPI_MCA_plm_rsh_agent", ""}}, files::join(dir, "mpirun.log"));
+    const int rc = wait_for(p, 300);
+    const std::string out = slurp(p.log);
+    INFO(out);
+    CHECK(rc == 0);
+    CHECK_THAT(out, Catch::Contains("mpirun") && Catch::Contains("parameters identical on all 2 ranks"));
+  }
+  files::remove_all(dir);
+}
