@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <train/config.h>
+#include <train/ddp.h>
 #include <train/dist.h>
 #include <train/errors.h>
 #include <train/files.h>
@@ -467,4 +468,38 @@ TEST_CASE("runs launched by the real torchrun and by mpirun", "[dist][process][l
     CHECK_THAT(out, Catch::Contains("mpirun") && Catch::Contains("parameters identical on all 2 ranks"));
   }
   files::remove_all(dir);
+}
+
+TEST_CASE("cuda: a one-rank NCCL group all-reduces and GradSync averages gradients on the GPU", "[dist][cuda]") {
+  if (!torch::cuda::is_available()) {
+    WARN("no CUDA device visible: the NCCL path is checked by scripts/gpu-check on a GPU machine");
+    return;
+  }
+  dist::Env env;
+  env.world_size = 1;
+  env.master_port = free_port();
+  env.launcher = "test";
+  DistributedConfig dc;
+  dc.backend = "nccl";
+  dc.timeout_s = 60;
+  auto group = dist::Group::create(env, dc, "cuda:0");
+  CHECK(group->backend() == "nccl");
+  auto t = torch::full({4}, 3.0, torch::TensorOptions().device(torch::kCUDA));
+  group->allreduce(t);
+  CHECK(t.cpu().equal(torch::full({4}, 3.0)));
+  CHECK(group->reduce_int(7, dist::ReduceOp::Min) == 7);
+
+  torch::nn::Sequential net(torch::nn::Linear(8, 16), torch::nn::ReLU(), torch::nn::Linear(16, 2));
+  net->to(torch::kCUDA);
+  dist::GradSync sync(*net, group);
+  sync.broadcast_parameters();
+  const auto x = torch::randn({4, 8}, torch::TensorOptions().device(torch::kCUDA));
+  sync.prepare(true);
+  net->forward(x).sum().backward();
+  std::vector<torch::Tensor> expected;
+  for (const auto& p : net->parameters()) expected.push_back(p.grad().clone());
+  sync.finish();
+  size_t i = 0;
+  for (const auto& p : net->parameters()) CHECK(torch::allclose(p.grad(), expected[i++]));
+  CHECK(sync.count_diverged_ranks() == 0);
 }

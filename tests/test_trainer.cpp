@@ -338,3 +338,42 @@ TEST_CASE("fit: dynamic loss scaling changes nothing but the scale, and resumes 
   CHECK(st.tensors.at("scaler/growth_tracker").item<int64_t>() == 6);
   files::remove_all(dir);
 }
+
+TEST_CASE("cuda: copying batches one ahead on a side stream trains exactly like synchronous copies", "[cuda]") {
+  if (!torch::cuda::is_available()) {
+    WARN("no CUDA device visible: the side-stream feeder is checked by scripts/gpu-check on a GPU machine");
+    return;
+  }
+  const std::string dir = files::make_temp_directory("train_feeder_");
+  const Config c = parse_config(
+      "model: {name: resnet18, in_channels: 3, num_classes: 10, width: 0.25, small_input: true}\n"
+      "data: {kind: synthetic, channels: 3, image_size: 16, synthetic_train_samples: 512, synthetic_val_samples: 64,"
+      " workers: 2}\n"
+      "optim: {name: sgd, lr: 0.05}\n"
+      "trainer: {global_batch: 32, max_steps: 20, device: cuda}\n"
+      "tuning: {micro_batch: 16}\n"
+      "precision: {mode: fp32, channels_last: on}\n"
+      "checkpoint: {every_steps: 7, keep_last: 5}\n",
+      "feeder.yaml");
+  auto train_with = [&](bool pinned, const std::string& run_dir) {
+    RunParts run = prepare_run(c);
+    run.plan.pin_memory = pinned;  // pinned: the feeder; otherwise blocking copies in the loop
+    run.plan.cudnn_benchmark = false;
+    apply_plan_globals(run.plan);
+    at::globalContext().setDeterministicCuDNN(true);
+    Trainer trainer(c, run.plan, run.model, run.train, run.val, run_dir);
+    trainer.fit();
+    std::vector<torch::Tensor> params;
+    for (const auto& p : trainer.model().parameters()) params.push_back(p.detach().cpu());
+    return params;
+  };
+  const auto fed = train_with(true, files::join(dir, "fed"));
+  const auto plain = train_with(false, files::join(dir, "plain"));
+  REQUIRE(fed.size() == plain.size());
+  for (size_t i = 0; i < fed.size(); ++i) CHECK(torch::allclose(fed[i], plain[i], 1e-4, 1e-5));
+  // The checkpoint records the batches consumed, not the one staged ahead: step 7 x 2 micro-batches.
+  RunParts probe = prepare_run(c);
+  const TrainState st = load_checkpoint(checkpoint_path(files::join(dir, "fed/checkpoints"), 7), *probe.model, nullptr);
+  CHECK(st.batch_in_epoch == 14);
+  files::remove_all(dir);
+}

@@ -243,7 +243,8 @@ Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInpu
     decide("workers", "1", "CPU training uses the cores for compute; one worker prefetches the next batch");
   }
   decide("pin_memory", plan.pin_memory ? "on" : "off",
-         plan.pin_memory ? "page-locked buffers for asynchronous host-to-device copies" : "no GPU");
+         plan.pin_memory ? "page-locked buffers; each batch is copied on a side stream while the previous one computes"
+                          : "no GPU");
   return plan;
 }
 

@@ -9,6 +9,11 @@
 #include <sstream>
 
 #include "compat.h"
+#ifdef TRAIN_WITH_CUDA
+#include <c10/core/Event.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
 #include "train/amp.h"
 #include "train/checkpoint.h"
 #include "train/data/loader.h"
@@ -57,6 +62,56 @@ class ShardView final : public data::Dataset {
   int64_t rank_, world_;
 };
 
+// Moves batches to the GPU one batch ahead, on a side stream: the copy of batch k+1 from pinned
+// host memory runs while the compute stream works on batch k. The compute stream waits on an
+// event before it touches a batch, and the batch's memory is marked as used by the compute stream
+// so that the caching allocator does not hand it out early.
+class DeviceFeeder {
+ public:
+#ifdef TRAIN_WITH_CUDA
+  explicit DeviceFeeder(torch::Device device, bool channels_last)
+      : device_(device), channels_last_(channels_last), side_(c10::cuda::getStreamFromPool(false, device.index())),
+        ready_(c10::DeviceType::CUDA) {}
+
+  void stage(data::Batch host) {
+    c10::cuda::CUDAStreamGuard guard(side_);
+    staged_ = host.to(device_, /*non_blocking=*/true);
+    if (channels_last_ && staged_.input.dim() == 4) {
+      staged_.input = staged_.input.contiguous(torch::MemoryFormat::ChannelsLast);
+    }
+    ready_.record(side_.unwrap());
+    host_ = std::move(host);  // the pinned source stays alive until the copy is done
+    has_ = true;
+  }
+
+  data::Batch take() {
+    const c10::Stream compute = c10::cuda::getCurrentCUDAStream(device_.index()).unwrap();
+    ready_.block(compute);
+    for (auto* t : {&staged_.input, &staged_.target}) {
+      if (t->defined()) t->record_stream(compute);
+    }
+    has_ = false;
+    host_ = data::Batch{};
+    return std::move(staged_);
+  }
+#else
+  explicit DeviceFeeder(torch::Device, bool) {}
+  void stage(data::Batch) {}
+  data::Batch take() { return {}; }
+#endif
+  bool staged() const { return has_; }
+
+ private:
+#ifdef TRAIN_WITH_CUDA
+  torch::Device device_;
+  bool channels_last_;
+  c10::cuda::CUDAStream side_;
+  c10::Event ready_;
+  data::Batch staged_, host_;
+#endif
+  bool has_ = false;
+};
+
 std::string fixed(double v, int digits) {
   std::ostringstream out;
   out << std::fixed << std::setprecision(digits) << v;
@@ -75,6 +130,7 @@ struct Trainer::Impl {
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   std::unique_ptr<GradScaler> scaler;
   std::unique_ptr<data::Loader> loader;
+  std::unique_ptr<DeviceFeeder> feeder;  // CUDA with pinned memory: copies one batch ahead
   dist::GroupPtr group;                 // null for a single process
   std::unique_ptr<dist::GradSync> sync;  // data-parallel gradient averaging (group of > 1 rank)
   bool has_buffers = false;
@@ -85,17 +141,37 @@ struct Trainer::Impl {
 
   std::string checkpoint_dir() const { return run_dir.empty() ? "" : files::join(run_dir, "checkpoints"); }
   int64_t batches_per_epoch() const { return plan.steps_per_epoch * plan.accum_steps; }
+  // Where training stands in the data: the loader's position less the batch staged ahead.
+  data::LoaderPosition consumed() const {
+    auto pos = loader->position();
+    if (feeder && feeder->staged()) --pos.batch;
+    return pos;
+  }
   double epoch_progress() const {
-    const auto pos = loader->position();
+    const auto pos = consumed();
     return static_cast<double>(pos.epoch) +
            static_cast<double>(pos.batch) / static_cast<double>(std::max<int64_t>(1, batches_per_epoch()));
   }
 
   // The next micro-batch; rolls over to the next epoch once this epoch's whole steps are used.
   data::Batch next_batch() {
-    auto batch = loader->next();
-    if (!batch) throw Error("loader ran out of batches mid-step (dataset shrank?)");
-    return to_device(*batch);
+    if (!feeder) {
+      auto batch = loader->next();
+      if (!batch) throw Error("loader ran out of batches mid-step (dataset shrank?)");
+      return to_device(*batch);
+    }
+    if (!feeder->staged()) {
+      auto batch = loader->next();
+      if (!batch) throw Error("loader ran out of batches mid-step (dataset shrank?)");
+      feeder->stage(std::move(*batch));
+    }
+    data::Batch current = feeder->take();
+    // Stage the next one while this one computes, within the epoch's whole steps only (the
+    // epoch boundary restarts the loader).
+    if (loader->position().batch < batches_per_epoch()) {
+      if (auto ahead = loader->next()) feeder->stage(std::move(*ahead));
+    }
+    return current;
   }
 
   data::Batch to_device(const data::Batch& batch) const {
@@ -110,8 +186,8 @@ struct Trainer::Impl {
   void write_checkpoint(const std::string& path) {
     TrainState state;
     state.step = step;
-    state.epoch = loader->position().epoch;
-    state.batch_in_epoch = loader->position().batch;
+    state.epoch = consumed().epoch;
+    state.batch_in_epoch = consumed().batch;
     state.samples_seen = samples_seen;
     state.config_yaml = to_yaml(config);
     state.tensors["rng/cpu"] = compat::cpu_rng_state();
@@ -165,6 +241,7 @@ Trainer::Trainer(Config config, Plan plan, models::ModelPtr model, data::Dataset
   lo.rank = s.plan.rank;
   lo.world_size = s.plan.world_size;
   s.loader = std::make_unique<data::Loader>(s.train_set, lo);
+  if (s.device.is_cuda() && s.plan.pin_memory) s.feeder = std::make_unique<DeviceFeeder>(s.device, s.plan.channels_last);
   if (!s.run_dir.empty() && s.config.logging.jsonl && s.plan.rank == 0) {
     s.metrics = JsonlWriter(files::join(s.run_dir, "metrics.jsonl"));
   }
@@ -328,8 +405,8 @@ FitResult Trainer::fit(const std::string& resume) {
 
     // Epoch boundary: the loader has delivered every whole step of this epoch.
     bool epoch_end = false;
-    if (s.loader->position().batch >= s.batches_per_epoch()) {
-      s.loader->start({s.loader->position().epoch + 1, 0});
+    if (s.consumed().batch >= s.batches_per_epoch()) {
+      s.loader->start({s.consumed().epoch + 1, 0});
       epoch_end = true;
     }
     const bool last = s.step == s.plan.total_steps;
