@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <train/checkpoint.h>
 #include <train/config.h>
 #include <train/ddp.h>
 #include <train/dist.h>
@@ -434,6 +435,55 @@ TEST_CASE("train launch runs ranks and stops them all when one fails", "[dist][p
     CHECK(rc == 1);
     CHECK_THAT(out, Catch::Contains("rank 1") && Catch::Contains("signal 9"));
   }
+  files::remove_all(dir);
+}
+
+TEST_CASE("SIGTERM to train launch: every rank stops after the same step, and --resume auto is exact",
+          "[dist][process][resume]") {
+  const std::string dir = files::make_temp_directory("train_launch_stop_");
+  const std::string config = files::join(dir, "stop.yaml");
+  std::ofstream(config) << "model: {name: resnet18, in_channels: 1, num_classes: 10, width: 0.125, small_input: true}\n"
+                           "data: {kind: synthetic, channels: 1, image_size: 12, synthetic_train_samples: 256,"
+                           " synthetic_val_samples: 40, workers: 1, random_flip: true}\n"
+                           "optim: {name: sgd, lr: 0.05, momentum: 0.9}\n"
+                           "trainer: {global_batch: 16, max_steps: 300, device: cpu, eval_every_steps: 1000}\n"
+                           "tuning: {micro_batch: 4}\n"
+                           "logging: {every_steps: 2}\n";
+  const std::string whole = files::join(dir, "whole"), stopped = files::join(dir, "stopped");
+  auto p = spawn({kTrain, "launch", "--nproc", "2", config, "--run-dir", whole}, {}, files::join(dir, "whole.log"));
+  REQUIRE(wait_for(p, 600) == 0);
+
+  p = spawn({kTrain, "launch", "--nproc", "2", config, "--run-dir", stopped}, {}, files::join(dir, "stopped.log"));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (slurp(files::join(stopped, "metrics.jsonl")).find("\"step\":4,") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::kill(p.pid, SIGTERM);
+  const int rc = wait_for(p, 120);
+  const std::string out = slurp(p.log);
+  INFO(out);
+  REQUIRE(rc == 0);
+  CHECK_THAT(out, Catch::Contains("stop requested"));
+  REQUIRE_FALSE(files::exists(checkpoint_path(files::join(stopped, "checkpoints"), 300)));
+  const std::string mid = latest_checkpoint(files::join(stopped, "checkpoints"));
+  REQUIRE_FALSE(mid.empty());
+
+  p = spawn({kTrain, "launch", "--nproc", "2", config, "--run-dir", stopped, "--resume", "auto"}, {},
+            files::join(dir, "resumed.log"));
+  REQUIRE(wait_for(p, 600) == 0);
+  const Config c = load_config(config);
+  auto weights = [&](const std::string& path) {
+    RunParts run = prepare_run(c);
+    load_checkpoint(path, *run.model, nullptr);
+    std::vector<torch::Tensor> out;
+    for (const auto& t : run.model->parameters()) out.push_back(t.detach().clone());
+    for (const auto& t : run.model->buffers()) out.push_back(t.detach().clone());
+    return out;
+  };
+  const auto a = weights(checkpoint_path(files::join(whole, "checkpoints"), 300));
+  const auto b = weights(checkpoint_path(files::join(stopped, "checkpoints"), 300));
+  CHECK(bitwise_equal(a, b));
   files::remove_all(dir);
 }
 
