@@ -516,3 +516,161 @@ TEST_CASE("ImageFolder batches are the same for 0 and 2 loader workers", "[data]
     }
   }
 }
+
+TEST_CASE("data.on_error: raise stops at a corrupt JPEG, skip replaces and counts it",
+          "[data][image_folder]") {
+  TempDir dir;
+  // Indices: a/0..a/3 = 0..3, b/0..b/3 = 4..7; a/2 and a/3 are truncated JPEGs.
+  for (const char* name : {"a", "b"}) files::make_directories(dir / ("train/" + std::string(name)));
+  for (int i = 0; i < 4; ++i) {
+    write_jpeg(dir / ("train/a/" + std::to_string(i) + ".jpg"), pattern(64, 48, 3, i));
+    write_jpeg(dir / ("train/b/" + std::to_string(i) + ".jpg"), pattern(48, 64, 3, i));
+  }
+  for (const char* name : {"train/a/2.jpg", "train/a/3.jpg"}) {
+    const std::vector<uint8_t> jpeg = read_file(dir / name);
+    write_file(dir / name, std::vector<uint8_t>(jpeg.begin(), jpeg.begin() + jpeg.size() / 2));
+  }
+  const auto dataset = make_dataset(folder_config(dir.path), Split::Train);
+  REQUIRE(dataset->size() == 8);
+
+  auto options_for = [](int64_t workers, OnError on_error) {
+    LoaderOptions options;
+    options.batch_size = 3;
+    options.drop_last = false;
+    options.shuffle = false;
+    options.workers = workers;
+    options.seed = 5;
+    options.on_error = on_error;
+    return options;
+  };
+
+  SECTION("raise: the error names the sample and the file, for any worker count") {
+    for (int64_t workers : {0, 2}) {
+      Loader loader(dataset, options_for(workers, OnError::Raise));
+      loader.start({0, 0});
+      CHECK_THAT(data_error([&] { loader.next(); }),
+                 Contains("sample 2") && Contains(dir / "train/a/2.jpg") && Contains("JPEG"));
+      CHECK(loader.skipped() == 0);
+    }
+  }
+
+  SECTION("skip: the next index that loads takes the place, the same for any worker count") {
+    std::vector<Batch> reference;
+    for (int64_t workers : {0, 1, 3}) {
+      INFO("workers " << workers);
+      Loader loader(dataset, options_for(workers, OnError::Skip));
+      std::vector<Batch> batches;
+      for (int64_t epoch : {0, 1}) {
+        loader.start({epoch, 0});
+        while (std::optional<Batch> batch = loader.next()) batches.push_back(*batch);
+        CHECK(loader.skipped() == 2 * (epoch + 1));  // a/2 and a/3, once per epoch
+      }
+      REQUIRE(batches.size() == 6);
+      CHECK(batches[2].size() == 2);  // batch sizes are kept
+      // Batch 0 = samples 0, 1, 2 -> 4; batch 1 = samples 3 -> 4, 4, 5.
+      CHECK(torch::equal(batches[0].target, torch::tensor({0, 0, 1}, torch::kLong)));
+      CHECK(torch::equal(batches[1].target, torch::tensor({1, 1, 1}, torch::kLong)));
+      const Example substitute = dataset->get(4, sample_seed(5, 0, 4));
+      CHECK(torch::equal(batches[0].input[2], substitute.input));
+      CHECK(torch::equal(batches[1].input[0], substitute.input));
+      CHECK(torch::equal(batches[1].input[1], substitute.input));
+      REQUIRE(loader.skip_messages().size() == 4);
+      CHECK_THAT(loader.skip_messages()[0], Contains("sample 2") && Contains(dir / "train/a/2.jpg"));
+      CHECK_THAT(loader.skip_messages()[1], Contains("sample 3") && Contains(dir / "train/a/3.jpg"));
+      if (reference.empty()) {
+        reference = batches;
+        continue;
+      }
+      for (size_t b = 0; b < batches.size(); ++b) {
+        INFO("batch " << b);
+        CHECK(torch::equal(batches[b].input, reference[b].input));
+        CHECK(torch::equal(batches[b].target, reference[b].target));
+      }
+    }
+  }
+
+  SECTION("skip: a dataset where nothing loads is still an error") {
+    TempDir broken;
+    files::make_directories(broken / "train/a");
+    for (int i = 0; i < 3; ++i) write_file(broken / ("train/a/" + std::to_string(i) + ".jpg"), {1, 2, 3});
+    Loader loader(make_dataset(folder_config(broken.path), Split::Train), options_for(2, OnError::Skip));
+    loader.start({0, 0});
+    CHECK_THAT(data_error([&] { loader.next(); }),
+               Contains("sample 0") && Contains("the 2 samples after it fail to load too") &&
+                   Contains(broken / "train/a/0.jpg"));
+  }
+
+  CHECK(parse_on_error("skip") == OnError::Skip);
+  CHECK(parse_on_error("raise") == OnError::Raise);
+  CHECK_THROWS_AS(parse_on_error("ignore"), std::invalid_argument);
+}
+
+TEST_CASE("uint8 ImageFolder batches normalised on the device match the float pipeline",
+          "[data][image_folder]") {
+  TempDir dir;
+  make_image_folder(dir.path);
+  const std::vector<double> mean = {0.485, 0.456, 0.406};
+  const std::vector<double> stddev = {0.229, 0.224, 0.225};
+  train::DataConfig config = folder_config(dir.path);
+  config.mean = mean;
+  config.std = stddev;
+  train::DataConfig uint8_config = config;
+  uint8_config.uint8 = true;
+
+  for (const Split split : {Split::Train, Split::Val}) {
+    const auto floats = make_dataset(config, split);
+    const auto bytes = make_dataset(uint8_config, split);
+    CHECK_THAT(bytes->describe(), Contains("uint8"));
+    for (int64_t i = 0; i < floats->size(); ++i) {
+      INFO("sample " << i);
+      const Example expected = floats->get(i, 77);
+      const Example actual = bytes->get(i, 77);
+      REQUIRE(actual.input.scalar_type() == torch::kByte);
+      CHECK(actual.input.sizes().vec() == expected.input.sizes().vec());
+      CHECK(torch::equal(actual.target, expected.target));
+      const Batch normalised =
+          normalize_on_device(Batch{actual.input.unsqueeze(0), actual.target.unsqueeze(0)}, mean, stddev);
+      CHECK(normalised.input.scalar_type() == torch::kFloat);
+      // Only the rounding to whole uint8 levels differs: at most half a level.
+      const double tolerance = 0.5 / 255.0 / 0.224 + 1e-5;
+      CHECK((normalised.input[0] - expected.input).abs().max().item<double>() <= tolerance);
+    }
+  }
+
+  // Through the loader, and on the GPU when there is one.
+  LoaderOptions options;
+  options.batch_size = 4;
+  options.workers = 2;
+  Loader loader(make_dataset(uint8_config, Split::Train), options);
+  loader.start({0, 0});
+  const std::optional<Batch> batch = loader.next();
+  REQUIRE(batch.has_value());
+  CHECK(batch->input.scalar_type() == torch::kByte);
+  CHECK(batch->input.sizes().vec() == std::vector<int64_t>{4, 3, 32, 32});
+  const Batch on_cpu = normalize_on_device(*batch, mean, stddev);
+  CHECK(torch::allclose(on_cpu.input, (batch->input.to(torch::kFloat) / 255.0 -
+                                       torch::tensor(mean).to(torch::kFloat).view({1, 3, 1, 1})) /
+                                          torch::tensor(stddev).to(torch::kFloat).view({1, 3, 1, 1}),
+                        1e-5, 1e-5));
+  // channels_last stays channels_last; bf16 output on request; no mean = scaling only.
+  const Batch channels_last = normalize_on_device(
+      Batch{batch->input.contiguous(torch::MemoryFormat::ChannelsLast), batch->target}, mean, stddev);
+  CHECK(channels_last.input.is_contiguous(torch::MemoryFormat::ChannelsLast));
+  CHECK(torch::allclose(channels_last.input, on_cpu.input));
+  CHECK(normalize_on_device(*batch, mean, stddev, torch::kBFloat16).input.scalar_type() == torch::kBFloat16);
+  CHECK(torch::allclose(normalize_on_device(*batch, {}, {}).input, batch->input.to(torch::kFloat) / 255.0));
+  if (torch::cuda::is_available()) {
+    const Batch on_gpu = normalize_on_device(batch->to(torch::Device(torch::kCUDA)), mean, stddev);
+    CHECK(on_gpu.input.is_cuda());
+    CHECK(torch::allclose(on_gpu.input.cpu(), on_cpu.input, 1e-5, 1e-5));
+  } else {
+    WARN("CUDA not available: normalize_on_device checked on the CPU only");
+  }
+  CHECK_THROWS_AS(normalize_on_device(Batch{batch->input[0], batch->target}, mean, stddev),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(normalize_on_device(*batch, {0.5}, {0.5}), std::invalid_argument);
+
+  train::DataConfig idx = uint8_config;
+  idx.kind = "synthetic";
+  CHECK_THAT(config_error(idx, Split::Train), Contains("data.uint8 applies to image_folder only"));
+}
