@@ -26,6 +26,7 @@ struct FitResult {
   double seconds = 0;            // wall time of this fit() call
   double data_wait_fraction = 0; // time blocked on the loader / wall time of the training loop
   std::string last_checkpoint;   // "" when no run directory
+  int64_t skipped_samples = 0;   // data.on_error skip: samples replaced because they failed to load
   // Distributed runs: ranks whose parameters differ from rank 0's at the end (0 = replicas
   // identical), and the seconds spent blocked on gradient allreduce (the part not hidden behind
   // backward).
