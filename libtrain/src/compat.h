@@ -216,6 +216,10 @@ using C10dBackend = c10d::Backend;
 using C10dBackend = c10d::ProcessGroup;
 #endif
 
+// Whether this LibTorch's TCPStore client speaks the protocol of the 2.x stores that torchrun's
+// agent serves (1.13's does not: the agent rejects its messages).
+constexpr bool kTcpStoreSpeaksAgentProtocol = TRAIN_TORCH_AT_LEAST(2, 0);
+
 // libuv is the 2.x default for the store server; not every build has it, and the classic
 // server is enough for one store per job. The option does not exist in 1.13.
 inline void store_without_libuv(c10d::TCPStoreOptions& options) {

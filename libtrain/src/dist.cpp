@@ -194,9 +194,13 @@ std::shared_ptr<Group> Group::create(const Env& env, const DistributedConfig& co
   impl->backend_name = backend;
 
   // ---- rendezvous: a TCPStore served by rank 0 (or torchrun's agent) ----
+  // torchrun's agent serves the store on MASTER_PORT. Its wire protocol is that of the torch
+  // which runs torchrun; a LibTorch before 2.0 cannot talk to a 2.x agent, so such a build serves
+  // its own store on the next port instead.
+  const bool use_agent = env.agent_store && compat::kTcpStoreSpeaksAgentProtocol;
   c10d::TCPStoreOptions so;
-  so.port = static_cast<uint16_t>(env.master_port);
-  so.isServer = env.rank == 0 && !env.agent_store;
+  so.port = static_cast<uint16_t>(env.agent_store && !use_agent ? env.master_port + 1 : env.master_port);
+  so.isServer = env.rank == 0 && !use_agent;
   so.numWorkers = static_cast<size_t>(env.world_size);
   so.waitWorkers = true;  // every rank must check in (clients increment the count the server waits for)
   so.timeout = millis(config.init_timeout_s);
