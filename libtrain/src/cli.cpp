@@ -6,7 +6,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <csignal>
+#include <thread>
 #include <iostream>
 
 #include "atomic_file.h"
@@ -25,23 +27,54 @@
 namespace train {
 namespace {
 
-// SIGTERM / SIGINT ask the trainer to stop after the current step and checkpoint.
+// The first SIGTERM / SIGINT asks the trainer to stop after the current step and checkpoint;
+// a watchdog ends the process if that takes longer than trainer.stop_grace_s. A second signal
+// exits at once (128 + signal), without a checkpoint.
 std::atomic<Trainer*> g_active_trainer{nullptr};
-extern "C" void on_stop_signal(int) {
+std::atomic<int> g_stop_signals{0};
+extern "C" void on_stop_signal(int sig) {
+  if (g_stop_signals.fetch_add(1) > 0) {
+    static const char msg[] = "train: second signal; exiting now without a checkpoint\n";
+    (void)!::write(STDERR_FILENO, msg, sizeof(msg) - 1);
+    ::_exit(128 + sig);
+  }
   if (Trainer* t = g_active_trainer.load()) t->request_stop();
 }
 
-struct ScopedStopHandler {
-  explicit ScopedStopHandler(Trainer& t) {
+class ScopedStopHandler {
+ public:
+  ScopedStopHandler(Trainer& t, double grace_seconds) {
+    g_stop_signals.store(0);
     g_active_trainer.store(&t);
     std::signal(SIGTERM, on_stop_signal);
     std::signal(SIGINT, on_stop_signal);
+    watchdog_ = std::thread([this, grace_seconds] {
+      using Clock = std::chrono::steady_clock;
+      Clock::time_point first{};
+      while (!done_.load()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        if (g_stop_signals.load() == 0) continue;
+        if (first == Clock::time_point{}) first = Clock::now();
+        if (Clock::now() - first > std::chrono::duration<double>(grace_seconds)) {
+          log::error(log::str("stop requested but the current step and checkpoint did not finish within "
+                              "trainer.stop_grace_s = ", grace_seconds, " s; exiting without a checkpoint"));
+          std::_Exit(kExitStopped);
+        }
+      }
+    });
   }
   ~ScopedStopHandler() {
+    done_.store(true);
+    watchdog_.join();
     std::signal(SIGTERM, SIG_DFL);
     std::signal(SIGINT, SIG_DFL);
     g_active_trainer.store(nullptr);
   }
+  bool signalled() const { return g_stop_signals.load() > 0; }
+
+ private:
+  std::atomic<bool> done_{false};
+  std::thread watchdog_;
 };
 
 struct CommonArgs {
@@ -125,14 +158,16 @@ int cmd_fit(const CommonArgs& args, std::string run_dir, const std::string& resu
   Trainer trainer(config, run.plan, run.model, run.train, run.val, run_dir, run.group);
   FitResult result;
   {
-    ScopedStopHandler stop(trainer);
+    ScopedStopHandler stop(trainer, config.trainer.stop_grace_s);
     result = trainer.fit(resume_path);
   }
   log::info(log::str("done: ", result.steps, " steps in ", format_duration(result.seconds), "; data wait ",
                      100.0 * result.data_wait_fraction, "% of loop time",
                      result.val.samples ? log::str("; val top-1 ", 100.0 * result.val.accuracy, "%") : ""));
   log::set_file("");
-  return result.diverged_ranks == 0 ? kExitOk : kExitRuntime;
+  if (result.diverged_ranks != 0) return kExitRuntime;
+  // Stopped by a signal before the end, with a checkpoint to resume from.
+  return result.steps < run.plan.total_steps ? kExitStopped : kExitOk;
 }
 
 // Validates the config here, so that a bad one fails once, before any rank starts.
@@ -171,7 +206,8 @@ int cmd_eval(const CommonArgs& args, const std::string& checkpoint) {
 int run_cli(int argc, char** argv) {
   CLI::App app{"train: device-adaptive training on LibTorch"};
   app.require_subcommand(1);
-  app.footer("Exit codes: 0 success, 1 runtime failure, 2 invalid usage or input (nothing written).");
+  app.footer("Exit codes: 0 success, 1 runtime failure, 2 invalid usage or input (nothing written), "
+             "3 stopped by SIGTERM/SIGINT after a checkpoint (resume with --resume auto).");
 
   CommonArgs fit_args, eval_args, check_args, plan_args;
   std::string run_dir, resume, checkpoint;

@@ -333,6 +333,9 @@ std::vector<Key> build_schema() {
       trainer("threads", &T::threads,
               "intra-op CPU threads; 0 = the cores available to the process")
           .at_least(0),
+      trainer("stop_grace_s", &T::stop_grace_s,
+              "after SIGTERM/SIGINT, seconds to finish the step and write a checkpoint before exiting anyway")
+          .above(0),
 
       tuning("device", &TuningConfig::device,
              "plan for this named device profile instead of the detected one (train plan --device)"),

@@ -101,6 +101,7 @@ struct TrainerConfig {
   int64_t seed = 0;
   std::string device = "auto";   // auto | cpu | cuda | cuda:N
   int64_t threads = 0;           // intra-op CPU threads; 0 = the cores available to the process
+  double stop_grace_s = 60;      // after SIGTERM/SIGINT: finish the step and checkpoint within this, or exit
 };
 
 struct TuningConfig {

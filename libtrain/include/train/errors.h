@@ -5,12 +5,14 @@
 //   1  runtime failure (data that cannot be read mid-run, a numerical failure, I/O errors)
 //   2  invalid usage or invalid input (CLI arguments, config, data files, checkpoints);
 //      nothing is written to the run directory when this happens before training starts.
+//   3  stopped early by SIGTERM / SIGINT after writing a checkpoint; `--resume auto` continues.
+//      (A second signal exits at once with 128 + the signal number.)
 #include <stdexcept>
 #include <string>
 
 namespace train {
 
-enum ExitCode : int { kExitOk = 0, kExitRuntime = 1, kExitInvalid = 2 };
+enum ExitCode : int { kExitOk = 0, kExitRuntime = 1, kExitInvalid = 2, kExitStopped = 3 };
 
 class Error : public std::runtime_error {
  public:
