@@ -190,7 +190,11 @@ std::vector<Key> build_schema() {
       model("small_input", &M::small_input,
             "3x3 stride-1 stem without max-pool, for 28x28 / 32x32 images"),
       model("init_from", &M::init_from,
-            "checkpoint whose model weights initialise the run; empty = random initialisation"),
+            "weights that initialise the run: a train checkpoint (.pt) or a .safetensors file with "
+            "state-dict names (torchvision's for ResNet); empty = random initialisation"),
+      model("init_strict", &M::init_strict,
+            "init_from must match the model key for key and shape for shape; false = load the matching "
+            "tensors and list the skipped and missing ones in a warning"),
 
       data("kind", &D::kind, "dataset kind").one_of({"idx", "synthetic", "image_folder"}),
       data("root", &D::root,
