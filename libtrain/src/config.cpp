@@ -345,11 +345,13 @@ std::vector<Key> build_schema() {
           .at_least(1),
 
       logging("every_steps", &LoggingConfig::every_steps,
-              "training metrics cadence (console and metrics.jsonl), in optimizer steps")
+              "training metrics cadence (console, metrics.jsonl, TensorBoard), in optimizer steps")
           .at_least(1),
       logging("level", &LoggingConfig::level, "console log level")
           .one_of({"trace", "debug", "info", "warn", "error"}),
       logging("jsonl", &LoggingConfig::jsonl, "write metrics.jsonl in the run directory"),
+      logging("tensorboard", &LoggingConfig::tensorboard,
+              "write TensorBoard scalar event files (events.out.tfevents.*) in the run directory"),
   };
 }
 

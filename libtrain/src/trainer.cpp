@@ -53,7 +53,7 @@ struct Trainer::Impl {
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   std::unique_ptr<GradScaler> scaler;
   std::unique_ptr<data::Loader> loader;
-  JsonlWriter metrics;
+  MetricsSink metrics;
   std::atomic<bool> stop{false};
   int64_t step = 0;
   int64_t samples_seen = 0;
@@ -125,9 +125,7 @@ Trainer::Trainer(Config config, Plan plan, models::ModelPtr model, data::Dataset
   lo.rank = s.plan.rank;
   lo.world_size = s.plan.world_size;
   s.loader = std::make_unique<data::Loader>(s.train_set, lo);
-  if (!s.run_dir.empty() && s.config.logging.jsonl && s.plan.rank == 0) {
-    s.metrics = JsonlWriter(files::join(s.run_dir, "metrics.jsonl"));
-  }
+  if (!s.run_dir.empty() && s.plan.rank == 0) s.metrics = MetricsSink(s.run_dir, s.config.logging);
 }
 
 Trainer::~Trainer() = default;
@@ -289,7 +287,8 @@ FitResult Trainer::fit(const std::string& resume) {
       MetricRecord r;
       r.add("step", s.step).add("epoch", s.epoch_progress()).add("split", "train").add("loss", mean_loss)
           .add("lr", lr).add("samples_per_s", sps).add("step_time_ms", 1000.0 * elapsed / window_steps)
-          .add("data_wait_ms", 1000.0 * waited / window_steps);
+          .add("data_wait_ms", 1000.0 * waited / window_steps)
+          .add("peak_memory_mib", peak_memory_mib(s.device.str()));
       if (s.plan.loss_scaling) r.add("loss_scale", s.scaler->get_scale());
       s.metrics.write(r);
       window_loss.zero_();

@@ -115,6 +115,7 @@ struct LoggingConfig {
   int64_t every_steps = 50;      // console + metrics.jsonl cadence for training metrics
   std::string level = "info";    // trace | debug | info | warn | error
   bool jsonl = true;             // write metrics.jsonl in the run directory
+  bool tensorboard = true;       // write TensorBoard scalar event files in the run directory
 };
 
 struct Config {
