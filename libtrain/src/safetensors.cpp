@@ -120,7 +120,9 @@ Entry parse_entry(const std::string& path, const std::string& name, const json& 
 }  // namespace
 
 TensorMap read_safetensors(const std::string& path, Metadata* metadata) {
-  if (!files::is_regular_file(path)) throw CheckpointError(path + ": safetensors file does not exist");
+  if (!files::is_regular_file(path)) {
+    throw CheckpointError(path + (files::exists(path) ? ": not a regular file" : ": safetensors file does not exist"));
+  }
   File f(std::fopen(path.c_str(), "rb"));
   if (!f) throw CheckpointError(path + ": cannot open: " + std::strerror(errno));
   const int64_t file_size = files::file_size(path);
