@@ -192,7 +192,11 @@ std::vector<Key> build_schema() {
       model("small_input", &M::small_input,
             "3x3 stride-1 stem without max-pool, for 28x28 / 32x32 images"),
       model("init_from", &M::init_from,
-            "checkpoint whose model weights initialise the run; empty = random initialisation"),
+            "weights that initialise the run: a train checkpoint (.pt) or a .safetensors file with "
+            "state-dict names (torchvision's for ResNet); empty = random initialisation"),
+      model("init_strict", &M::init_strict,
+            "init_from must match the model key for key and shape for shape; false = load the matching "
+            "tensors and list the skipped and missing ones in a warning"),
 
       data("kind", &D::kind, "dataset kind").one_of({"idx", "synthetic", "image_folder", "tokens"}),
       data("root", &D::root,
@@ -384,11 +388,13 @@ std::vector<Key> build_schema() {
           .at_least(1),
 
       logging("every_steps", &LoggingConfig::every_steps,
-              "training metrics cadence (console and metrics.jsonl), in optimizer steps")
+              "training metrics cadence (console, metrics.jsonl, TensorBoard), in optimizer steps")
           .at_least(1),
       logging("level", &LoggingConfig::level, "console log level")
           .one_of({"trace", "debug", "info", "warn", "error"}),
       logging("jsonl", &LoggingConfig::jsonl, "write metrics.jsonl in the run directory"),
+      logging("tensorboard", &LoggingConfig::tensorboard,
+              "write TensorBoard scalar event files (events.out.tfevents.*) in the run directory"),
 
       distributed("backend", &DistributedConfig::backend,
                   "collective backend; auto = nccl when the ranks have GPUs, gloo otherwise")

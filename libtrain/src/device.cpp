@@ -1,6 +1,7 @@
 #include "train/device.h"
 
 #include <sched.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -447,6 +448,21 @@ DeviceProfile named_device(const std::string& key) {
   const std::string suggestion = detail::closest_match(wanted, keys);
   throw ConfigError("unknown device '" + key + "'; " +
                     (suggestion.empty() ? "" : "did you mean '" + suggestion + "'? ") + "known: " + join(keys));
+}
+
+double peak_memory_mib(const std::string& device) {
+  constexpr double kMiB = 1024.0 * 1024.0;
+#ifdef TRAIN_WITH_CUDA
+  if (device.rfind("cuda", 0) == 0) {
+    const torch::Device d(device);
+    const auto index = d.has_index() ? d.index() : static_cast<c10::DeviceIndex>(0);
+    return static_cast<double>(compat::cuda_allocated_bytes(index).peak) / kMiB;
+  }
+#endif
+  (void)device;
+  struct rusage usage {};
+  ::getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) * 1024.0 / kMiB;  // Linux reports KiB
 }
 
 }  // namespace train

@@ -1,11 +1,19 @@
 #include "train/metrics.h"
 
+#include <unistd.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <sstream>
 
+#include "train/config.h"
 #include "train/errors.h"
+#include "train/files.h"
 
 namespace train {
 
@@ -80,6 +88,169 @@ void JsonlWriter::write(const MetricRecord& record) {
   out_ << record.to_json() << '\n';
   out_.flush();
   if (!out_) throw Error("failed writing metrics file " + path_);
+}
+
+// ---- TensorBoard ------------------------------------------------------------------------------
+
+namespace {
+
+// Reflected CRC-32C polynomial (Castagnoli).
+constexpr uint32_t kCrc32cPoly = 0x82f63b78u;
+
+const std::array<uint32_t, 256>& crc32c_table() {
+  static const std::array<uint32_t, 256> table = [] {
+    std::array<uint32_t, 256> t{};
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ kCrc32cPoly : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  return table;
+}
+
+// Protocol buffer wire format: the few pieces an Event needs.
+enum WireType : uint32_t { kVarint = 0, kFixed64 = 1, kLengthDelimited = 2, kFixed32 = 5 };
+
+void put_varint(std::string& out, uint64_t v) {
+  while (v >= 0x80) {
+    out += static_cast<char>((v & 0x7f) | 0x80);
+    v >>= 7;
+  }
+  out += static_cast<char>(v);
+}
+
+void put_key(std::string& out, uint32_t field, WireType wire) { put_varint(out, (field << 3) | wire); }
+
+void put_little_endian(std::string& out, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) out += static_cast<char>((v >> (8 * i)) & 0xff);
+}
+
+void put_double(std::string& out, uint32_t field, double v) {
+  uint64_t bits;
+  std::memcpy(&bits, &v, sizeof(bits));
+  put_key(out, field, kFixed64);
+  put_little_endian(out, bits, 8);
+}
+
+void put_float(std::string& out, uint32_t field, float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof(bits));
+  put_key(out, field, kFixed32);
+  put_little_endian(out, bits, 4);
+}
+
+void put_bytes(std::string& out, uint32_t field, const std::string& bytes) {
+  put_key(out, field, kLengthDelimited);
+  put_varint(out, bytes.size());
+  out += bytes;
+}
+
+// Field numbers of tensorboard/compat/proto/event.proto and summary.proto.
+namespace event_field {
+constexpr uint32_t kWallTime = 1, kStep = 2, kFileVersion = 3, kSummary = 5;
+}
+namespace summary_field {
+constexpr uint32_t kValue = 1;
+}
+namespace value_field {
+constexpr uint32_t kTag = 1, kSimpleValue = 2;
+}
+
+double unix_time_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+uint32_t crc32c(const void* data, size_t size, uint32_t crc) {
+  const auto& table = crc32c_table();
+  const auto* p = static_cast<const unsigned char*>(data);
+  crc = ~crc;
+  for (size_t i = 0; i < size; ++i) crc = table[(crc ^ p[i]) & 0xff] ^ (crc >> 8);
+  return ~crc;
+}
+
+uint32_t masked_crc32c(const void* data, size_t size) {
+  const uint32_t crc = crc32c(data, size);
+  return ((crc >> 15) | (crc << 17)) + 0xa282ead8u;
+}
+
+TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
+  static std::atomic<int> counter{0};
+  files::make_directories(dir);
+  char host[256] = "localhost";
+  ::gethostname(host, sizeof(host) - 1);
+  host[sizeof(host) - 1] = '\0';
+  char name[512];
+  std::snprintf(name, sizeof(name), "events.out.tfevents.%010lld.%s.%d.%d",
+                static_cast<long long>(unix_time_now()), host, static_cast<int>(::getpid()), counter++);
+  path_ = files::join(dir, name);
+  out_.open(path_, std::ios::binary | std::ios::trunc);
+  if (!out_) throw Error("cannot open TensorBoard event file " + path_ + " for writing");
+  std::string event;
+  put_double(event, event_field::kWallTime, unix_time_now());
+  put_bytes(event, event_field::kFileVersion, "brain.Event:2");
+  write_event(event);
+}
+
+void TensorBoardWriter::write_event(const std::string& event) {
+  std::string header;
+  put_little_endian(header, event.size(), 8);
+  std::string record = header;
+  put_little_endian(record, masked_crc32c(header.data(), header.size()), 4);
+  record += event;
+  put_little_endian(record, masked_crc32c(event.data(), event.size()), 4);
+  out_.write(record.data(), static_cast<std::streamsize>(record.size()));
+  out_.flush();
+  if (!out_) throw Error("failed writing TensorBoard event file " + path_);
+}
+
+void TensorBoardWriter::add_scalars(int64_t step, const std::vector<std::pair<std::string, double>>& values,
+                                    double wall_time) {
+  if (!out_.is_open() || values.empty()) return;
+  std::string summary;
+  for (const auto& [tag, value] : values) {
+    std::string v;
+    put_bytes(v, value_field::kTag, tag);
+    put_float(v, value_field::kSimpleValue, static_cast<float>(value));
+    put_bytes(summary, summary_field::kValue, v);
+  }
+  std::string event;
+  put_double(event, event_field::kWallTime, wall_time);
+  put_key(event, event_field::kStep, kVarint);
+  put_varint(event, static_cast<uint64_t>(step));  // int64: two's complement, as protobuf encodes it
+  put_bytes(event, event_field::kSummary, summary);
+  write_event(event);
+}
+
+void TensorBoardWriter::write(const MetricRecord& record) {
+  if (!out_.is_open()) return;
+  int64_t step = 0;
+  std::string split;
+  for (const auto& [key, value] : record.fields()) {
+    if (key == "step" && std::holds_alternative<int64_t>(value)) step = std::get<int64_t>(value);
+    if (key == "split" && std::holds_alternative<std::string>(value)) split = std::get<std::string>(value);
+  }
+  std::vector<std::pair<std::string, double>> scalars;
+  for (const auto& [key, value] : record.fields()) {
+    if (key == "step") continue;
+    const std::string tag = split.empty() ? key : split + "/" + key;
+    if (const auto* i = std::get_if<int64_t>(&value)) scalars.emplace_back(tag, static_cast<double>(*i));
+    if (const auto* d = std::get_if<double>(&value)) scalars.emplace_back(tag, *d);
+  }
+  add_scalars(step, scalars, unix_time_now());
+}
+
+MetricsSink::MetricsSink(const std::string& run_dir, const LoggingConfig& logging) {
+  if (logging.jsonl) jsonl_ = JsonlWriter(files::join(run_dir, "metrics.jsonl"));
+  if (logging.tensorboard) tensorboard_ = TensorBoardWriter(run_dir);
+}
+
+void MetricsSink::write(const MetricRecord& record) {
+  jsonl_.write(record);
+  tensorboard_.write(record);
 }
 
 std::string format_duration(double seconds) {

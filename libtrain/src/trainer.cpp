@@ -135,7 +135,7 @@ struct Trainer::Impl {
   dist::GroupPtr group;                 // null for a single process
   std::unique_ptr<dist::GradSync> sync;  // data-parallel gradient averaging (group of > 1 rank)
   bool has_buffers = false;
-  JsonlWriter metrics;
+  MetricsSink metrics;
   std::atomic<bool> stop{false};
   int64_t step = 0;
   int64_t samples_seen = 0;
@@ -249,9 +249,7 @@ Trainer::Trainer(Config config, Plan plan, models::ModelPtr model, data::Dataset
   lo.on_error = data::parse_on_error(s.config.data.on_error);
   s.loader = std::make_unique<data::Loader>(s.train_set, lo);
   if (s.device.is_cuda() && s.plan.pin_memory) s.feeder = std::make_unique<DeviceFeeder>(s.device, s.plan.channels_last);
-  if (!s.run_dir.empty() && s.config.logging.jsonl && s.plan.rank == 0) {
-    s.metrics = JsonlWriter(files::join(s.run_dir, "metrics.jsonl"));
-  }
+  if (!s.run_dir.empty() && s.plan.rank == 0) s.metrics = MetricsSink(s.run_dir, s.config.logging);
 }
 
 Trainer::~Trainer() = default;
@@ -341,7 +339,7 @@ FitResult Trainer::fit(const std::string& resume) {
     log::info(log::str("resumed from ", resume_path, " at step ", s.step, " (epoch ", st.epoch, ", batch ",
                        st.batch_in_epoch, ")"));
   } else if (!s.config.model.init_from.empty()) {
-    load_model_weights(s.config.model.init_from, *s.model);
+    load_model_weights(s.config.model.init_from, *s.model, s.config.model.init_strict);
     log::info("model weights initialised from " + s.config.model.init_from);
   }
   if (s.sync) {
@@ -442,7 +440,8 @@ FitResult Trainer::fit(const std::string& resume) {
       MetricRecord r;
       r.add("step", s.step).add("epoch", s.epoch_progress()).add("split", "train").add("loss", mean_loss)
           .add("lr", lr).add("samples_per_s", sps).add("step_time_ms", 1000.0 * elapsed / window_steps)
-          .add("data_wait_ms", 1000.0 * waited / window_steps);
+          .add("data_wait_ms", 1000.0 * waited / window_steps)
+          .add("peak_memory_mib", peak_memory_mib(s.device.str()));
       if (s.plan.loss_scaling) r.add("loss_scale", s.scaler->get_scale());
       s.metrics.write(r);
       window_loss.zero_();

@@ -19,7 +19,8 @@ struct ModelConfig {
   int64_t in_channels = 3;
   double width = 1.0;            // channel width multiplier (1.0 = torchvision's widths)
   bool small_input = false;      // 3x3 stride-1 stem without max-pool, for 28x28 / 32x32 images
-  std::string init_from;         // optional checkpoint whose model weights initialise the run
+  std::string init_from;         // optional checkpoint or .safetensors file whose weights initialise the run
+  bool init_strict = true;       // init_from must match the model key for key and shape for shape
 };
 
 struct DataConfig {
@@ -132,6 +133,7 @@ struct LoggingConfig {
   int64_t every_steps = 50;      // console + metrics.jsonl cadence for training metrics
   std::string level = "info";    // trace | debug | info | warn | error
   bool jsonl = true;             // write metrics.jsonl in the run directory
+  bool tensorboard = true;       // write TensorBoard scalar event files in the run directory
 };
 
 struct DistributedConfig {

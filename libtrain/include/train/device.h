@@ -86,4 +86,9 @@ const GpuSpec* match_gpu(const std::string& cuda_name, int cc_major, int cc_mino
 // Cores this process may run on: sched affinity, capped by a cgroup v2/v1 CPU quota.
 int available_cores();
 
+// Peak memory so far, in MiB, for the metrics: on "cuda[:N]" the most the caching allocator has
+// handed out at once (since the last peak-statistics reset); on "cpu" the process's peak
+// resident set size.
+double peak_memory_mib(const std::string& device);
+
 }  // namespace train

@@ -1,6 +1,7 @@
 #pragma once
-// Metric records, the JSONL sink (metrics.jsonl) and console progress formatting.
-// Free of LibTorch: records hold plain numbers and strings.
+// Metric records, their sinks (metrics.jsonl, TensorBoard event files) and console progress
+// formatting. Free of LibTorch: records hold plain numbers and strings.
+#include <cstddef>
 #include <cstdint>
 #include <fstream>
 #include <string>
@@ -38,6 +39,50 @@ class JsonlWriter {
  private:
   std::ofstream out_;
   std::string path_;
+};
+
+// TensorBoard scalar event file `events.out.tfevents.<unix time>.<host>.<pid>.<n>` in a
+// directory: TFRecord framing (uint64 length, masked CRC-32C of the length, data, masked CRC-32C
+// of the data) around Event protocol buffers, encoded here with TensorBoard's field numbers:
+// Event {wall_time = 1 (double), step = 2 (int64), file_version = 3 ("brain.Event:2", first
+// event only), summary = 5}, Summary {value = 1 (repeated)}, Summary.Value {tag = 1 (string),
+// simple_value = 2 (float)}. Each record is flushed, so a killed run leaves a readable file.
+class TensorBoardWriter {
+ public:
+  TensorBoardWriter() = default;
+  explicit TensorBoardWriter(const std::string& dir);
+  bool is_open() const { return out_.is_open(); }
+  const std::string& path() const { return path_; }
+  // One event holding one scalar per (tag, value).
+  void add_scalars(int64_t step, const std::vector<std::pair<std::string, double>>& values, double wall_time);
+  // A metrics record: every numeric field except `step` becomes the scalar "<split>/<field>"
+  // (just "<field>" without a split), at the record's `step`.
+  void write(const MetricRecord& record);
+
+ private:
+  void write_event(const std::string& event);
+  std::ofstream out_;
+  std::string path_;
+};
+
+// CRC-32C (Castagnoli); `crc` continues an earlier value. TFRecord masks it:
+// ((crc >> 15) | (crc << 17)) + 0xa282ead8.
+uint32_t crc32c(const void* data, size_t size, uint32_t crc = 0);
+uint32_t masked_crc32c(const void* data, size_t size);
+
+struct LoggingConfig;
+
+// Where the trainer's metric records go: metrics.jsonl (logging.jsonl) and TensorBoard event
+// files (logging.tensorboard) in the run directory. Default-constructed, it drops records.
+class MetricsSink {
+ public:
+  MetricsSink() = default;
+  MetricsSink(const std::string& run_dir, const LoggingConfig& logging);
+  void write(const MetricRecord& record);
+
+ private:
+  JsonlWriter jsonl_;
+  TensorBoardWriter tensorboard_;
 };
 
 // Streaming mean of a window of values (loss, step time).

@@ -1,0 +1,196 @@
+#include "testing.h"
+
+#include <png.h>
+#include <train/cli.h>
+#include <train/config.h>
+#include <train/errors.h>
+#include <train/files.h>
+#include <train/metrics.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+using Catch::Matchers::Contains;
+namespace files = train::files;
+
+namespace {
+
+struct TempDir {
+  std::string path = files::make_temp_directory("train_tensorboard_");
+  ~TempDir() { files::remove_all(path); }
+  std::string operator/(const std::string& name) const { return files::join(path, name); }
+};
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+uint64_t little_endian(const std::string& bytes, size_t at, int n) {
+  uint64_t v = 0;
+  for (int i = n - 1; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(bytes.at(at + i));
+  return v;
+}
+
+// Splits a TFRecord file into its records, checking both masked CRCs of each.
+std::vector<std::string> tfrecords(const std::string& bytes) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (at < bytes.size()) {
+    REQUIRE(at + 12 <= bytes.size());
+    const uint64_t n = little_endian(bytes, at, 8);
+    CHECK(little_endian(bytes, at + 8, 4) == train::masked_crc32c(bytes.data() + at, 8));
+    REQUIRE(at + 12 + n + 4 <= bytes.size());
+    const std::string data = bytes.substr(at + 12, n);
+    CHECK(little_endian(bytes, at + 12 + n, 4) == train::masked_crc32c(data.data(), data.size()));
+    out.push_back(data);
+    at += 12 + n + 4;
+  }
+  return out;
+}
+
+std::vector<std::string> event_files(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& name : files::list_directory(dir)) {
+    if (name.rfind("events.out.tfevents.", 0) == 0) out.push_back(files::join(dir, name));
+  }
+  return out;
+}
+
+int cli(std::vector<std::string> args) {
+  args.insert(args.begin(), "train");
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  return train::run_cli(static_cast<int>(argv.size()), argv.data());
+}
+
+int run_script(const std::string& script, const std::string& args) {
+  const std::string cmd = std::string("\"") + TRAIN_PYTHON + "\" \"" + TRAIN_SOURCE_DIR + "/scripts/" + script + "\" " + args;
+  const int rc = std::system(cmd.c_str());
+  return rc == -1 ? -1 : WEXITSTATUS(rc);
+}
+
+}  // namespace
+
+TEST_CASE("tensorboard: CRC-32C known answers", "[tensorboard]") {
+  const std::string digits = "123456789";
+  CHECK(train::crc32c(digits.data(), digits.size()) == 0xe3069283u);  // the standard check value
+  // RFC 3720 (iSCSI) B.4 test vectors.
+  std::vector<uint8_t> bytes(32, 0);
+  CHECK(train::crc32c(bytes.data(), bytes.size()) == 0x8a9136aau);
+  std::fill(bytes.begin(), bytes.end(), 0xff);
+  CHECK(train::crc32c(bytes.data(), bytes.size()) == 0x62a8ab43u);
+  for (int i = 0; i < 32; ++i) bytes[i] = static_cast<uint8_t>(i);
+  CHECK(train::crc32c(bytes.data(), bytes.size()) == 0x46dd794eu);
+  // Continuing a CRC over a second piece equals the CRC of the whole.
+  CHECK(train::crc32c(digits.data() + 4, 5, train::crc32c(digits.data(), 4)) == 0xe3069283u);
+  CHECK(train::crc32c(nullptr, 0) == 0u);
+  // TFRecord's mask, checked against TensorBoard's own masked_crc32c(b"123456789").
+  CHECK(train::masked_crc32c(digits.data(), digits.size()) == 0xc78ab0e5u);
+}
+
+TEST_CASE("tensorboard: events are TFRecord-framed Event protocol buffers", "[tensorboard]") {
+  TempDir tmp;
+  std::string path;
+  {
+    train::TensorBoardWriter writer(tmp.path);
+    path = writer.path();
+    writer.add_scalars(5, {{"a", 1.0}}, /*wall_time=*/2.0);
+  }
+  CHECK_THAT(files::filename(path), Contains("events.out.tfevents."));
+  const auto records = tfrecords(read_bytes(path));
+  REQUIRE(records.size() == 2);
+  // First: wall_time (field 1, fixed64) then file_version (field 3) "brain.Event:2".
+  CHECK(records[0].substr(0, 1) == "\x09");
+  CHECK(records[0].substr(9) == std::string("\x1a\x0d") + "brain.Event:2");
+  // Event {wall_time: 2.0, step: 5, summary {value {tag: "a", simple_value: 1.0}}}, byte for byte.
+  const std::string want = std::string("\x09\x00\x00\x00\x00\x00\x00\x00\x40", 9) + "\x10\x05" + "\x2a\x0a" +
+                           "\x0a\x08" + "\x0a\x01" + "a" + std::string("\x15\x00\x00\x80\x3f", 5);
+  CHECK(records[1] == want);
+}
+
+TEST_CASE("tensorboard: TensorBoard's EventAccumulator reads the records metrics.jsonl holds",
+          "[tensorboard][python]") {
+  TempDir tmp;
+  {
+    train::LoggingConfig logging;  // jsonl and tensorboard on by default
+    train::MetricsSink sink(tmp.path, logging);
+    for (int64_t step = 1; step <= 5; ++step) {
+      train::MetricRecord r;
+      r.add("step", step).add("epoch", 0.25 * step).add("split", "train").add("loss", 2.0 / step)
+          .add("lr", 0.1 * step).add("samples_per_s", 1234.5 + step).add("peak_memory_mib", 512.25);
+      sink.write(r);
+    }
+    train::MetricRecord val;
+    val.add("step", int64_t{5}).add("split", "val").add("loss", 0.7).add("accuracy", 0.8125)
+        .add("samples", int64_t{16}).add("flag", true);
+    sink.write(val);
+  }
+  REQUIRE(event_files(tmp.path).size() == 1);
+  CHECK(train::testing::run_python("tensorboard_events.py",
+                                   "check " + tmp.path + " " + tmp / "metrics.jsonl" +
+                                       " train/loss train/lr train/samples_per_s train/peak_memory_mib val/accuracy") ==
+        0);
+
+  // A flipped byte in the events fails the reader's CRC check, and the oracle notices.
+  const std::string events = event_files(tmp.path).front();
+  std::string bytes = read_bytes(events);
+  bytes[bytes.size() - 10] ^= 0x40;
+  std::ofstream(events, std::ios::binary | std::ios::trunc) << bytes;
+  CHECK(train::testing::run_python("tensorboard_events.py", "check " + tmp.path + " " + tmp / "metrics.jsonl") == 1);
+}
+
+TEST_CASE("tensorboard: train fit writes event files; scripts/plot draws the curves", "[tensorboard][plot][python]") {
+  TempDir tmp;
+  const std::string cfg = tmp / "run.yaml";
+  std::ofstream(cfg) << "model: {name: resnet18, in_channels: 1, num_classes: 10, width: 0.125, small_input: true}\n"
+                        "data: {kind: synthetic, channels: 1, image_size: 8, synthetic_train_samples: 64, "
+                        "synthetic_val_samples: 16}\n"
+                        "trainer: {global_batch: 16, max_steps: 4, eval_every_steps: 2, device: cpu}\n"
+                        "logging: {every_steps: 1}\n";
+  const std::string run = tmp / "run";
+  REQUIRE(cli({"fit", cfg, "--run-dir", run}) == train::kExitOk);
+  REQUIRE(event_files(run).size() == 1);
+  CHECK(train::testing::run_python("tensorboard_events.py",
+                                   "check " + run + " " + files::join(run, "metrics.jsonl") +
+                                       " train/loss train/lr train/samples_per_s train/step_time_ms"
+                                       " train/peak_memory_mib val/loss val/accuracy") == 0);
+
+  // logging.tensorboard: false writes none.
+  REQUIRE(cli({"fit", cfg, "--run-dir", tmp / "off", "--set", "logging.tensorboard=false"}) == train::kExitOk);
+  CHECK(event_files(tmp / "off").empty());
+  CHECK(files::exists(tmp / "off/metrics.jsonl"));
+
+  // scripts/plot: one PNG per curve, each a complete image that libpng decodes.
+  REQUIRE(run_script("plot", run) == 0);
+  for (const char* name : {"loss.png", "accuracy.png", "lr.png", "throughput.png", "memory.png"}) {
+    INFO(name);
+    const std::string png = files::join(run, std::string("plots/") + name);
+    REQUIRE(files::exists(png));
+    png_image image;
+    std::memset(&image, 0, sizeof(image));
+    image.version = PNG_IMAGE_VERSION;
+    REQUIRE(png_image_begin_read_from_file(&image, png.c_str()) != 0);
+    CHECK(image.width == 640);
+    CHECK(image.height == 400);
+    image.format = PNG_FORMAT_RGBA;
+    std::vector<uint8_t> pixels(PNG_IMAGE_SIZE(image));
+    CHECK(png_image_finish_read(&image, nullptr, pixels.data(), 0, nullptr) != 0);
+    // Not a blank canvas: some pixels differ from the first one.
+    bool varied = false;
+    for (size_t i = 4; i < pixels.size() && !varied; i += 4) varied = std::memcmp(&pixels[i], &pixels[0], 4) != 0;
+    CHECK(varied);
+  }
+  // A truncated last line (a killed run) is skipped; a missing run directory is an input error.
+  std::ofstream(files::join(run, "metrics.jsonl"), std::ios::app) << "{\"step\": 9, \"spl";
+  CHECK(run_script("plot", run + " --out " + tmp / "plots2") == 0);
+  CHECK(files::exists(tmp / "plots2/loss.png"));
+  CHECK(run_script("plot", tmp / "nonexistent") == 2);
+}
