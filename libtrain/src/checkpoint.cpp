@@ -8,6 +8,8 @@
 #include "train/errors.h"
 #include "train/files.h"
 #include "train/log.h"
+#include "train/metrics.h"
+#include "train/log.h"
 #include "train/safetensors.h"
 
 namespace train {
@@ -45,8 +47,48 @@ void read_model(torch::serialize::InputArchive& archive, torch::nn::Module& mode
   }
 }
 
+// Every checkpoint has a sidecar "<file>.crc32c" with the CRC-32C and size of its bytes, written
+// after the checkpoint itself. A checkpoint without one (a crash between the two renames, or a
+// file from elsewhere) is trusted as far as its archive structure goes.
+std::string sum_path(const std::string& path) { return path + ".crc32c"; }
+
+std::string sum_text(uint32_t crc, uint64_t bytes) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "crc32c %08x bytes %llu\n", crc, static_cast<unsigned long long>(bytes));
+  return buf;
+}
+
+void verify_sum(const std::string& path) {
+  const std::string sidecar = sum_path(path);
+  if (!files::exists(sidecar)) return;
+  unsigned expected_crc = 0;
+  unsigned long long expected_bytes = 0;
+  FILE* s = std::fopen(sidecar.c_str(), "rb");
+  const bool parsed = s && std::fscanf(s, "crc32c %x bytes %llu", &expected_crc, &expected_bytes) == 2;
+  if (s) std::fclose(s);
+  if (!parsed) throw CheckpointError(sidecar + ": malformed checksum file");
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) throw CheckpointError(path + ": cannot open checkpoint");
+  std::vector<char> buf(1 << 20);
+  uint32_t crc = 0;
+  uint64_t bytes = 0;
+  for (size_t n; (n = std::fread(buf.data(), 1, buf.size(), f)) > 0;) {
+    crc = crc32c(buf.data(), n, crc);
+    bytes += n;
+  }
+  std::fclose(f);
+  if (bytes != expected_bytes || crc != expected_crc) {
+    char detail[200];
+    std::snprintf(detail, sizeof(detail), "%llu bytes with CRC-32C %08x, but %s records %llu bytes with %08x",
+                  static_cast<unsigned long long>(bytes), crc, files::filename(sidecar).c_str(), expected_bytes,
+                  expected_crc);
+    throw CheckpointError(path + ": checksum mismatch: " + detail + "; the file is truncated or corrupt");
+  }
+}
+
 torch::serialize::InputArchive open_archive(const std::string& path) {
   if (!files::exists(path)) throw CheckpointError(path + ": checkpoint file does not exist");
+  verify_sum(path);
   torch::serialize::InputArchive archive;
   try {
     archive.load_from(path, torch::kCPU);
@@ -95,9 +137,16 @@ void save_checkpoint(const std::string& path, const torch::nn::Module& model,
   for (const auto& [name, tensor] : state.tensors) extra.write(name, tensor.detach().to(torch::kCPU));
   archive.write("state", extra);
 
+  uint32_t crc = 0;
+  uint64_t bytes = 0;
   detail::write_atomically(path, [&](const auto& sink) {
-    archive.save_to([&](const void* data, size_t n) -> size_t { return sink(data, n) ? n : 0; });
+    archive.save_to([&](const void* data, size_t n) -> size_t {
+      crc = crc32c(data, n, crc);
+      bytes += n;
+      return sink(data, n) ? n : 0;
+    });
   });
+  detail::write_text_atomically(sum_path(path), sum_text(crc, bytes));
 }
 
 TrainState load_checkpoint(const std::string& path, torch::nn::Module& model, torch::optim::Optimizer* optimizer) {
@@ -202,14 +251,24 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
 
 std::string latest_checkpoint(const std::string& dir) {
   const auto all = list_checkpoints(dir);
-  return all.empty() ? "" : all.back();
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    try {
+      open_archive(*it);
+      return *it;
+    } catch (const CheckpointError& e) {
+      log::warn(std::string("skipping checkpoint: ") + e.what());
+    }
+  }
+  return "";
 }
 
 void prune_checkpoints(const std::string& dir, int64_t keep, const std::string& protect) {
   auto all = list_checkpoints(dir);
   const int64_t excess = static_cast<int64_t>(all.size()) - std::max<int64_t>(1, keep);
   for (int64_t i = 0; i < excess; ++i) {
-    if (all[i] != protect) files::remove_file(all[i]);
+    if (all[i] == protect) continue;
+    files::remove_file(all[i]);
+    if (files::exists(sum_path(all[i]))) files::remove_file(sum_path(all[i]));
   }
 }
 

@@ -43,7 +43,9 @@ void check_model_weights(const std::string& path, const torch::nn::Module& model
 // The model weights stored in a checkpoint, by state-dict name (train export).
 std::map<std::string, torch::Tensor> read_checkpoint_weights(const std::string& path);
 
-// "<dir>/step_00000123.pt" naming; the newest complete checkpoint in dir, or "" if none.
+// "<dir>/step_00000123.pt" naming. latest_checkpoint: the newest checkpoint in dir that passes its
+// checksum (the "<file>.crc32c" sidecar written with it) and opens; corrupt or truncated ones are
+// skipped with a warning naming them. "" if none.
 std::string checkpoint_path(const std::string& dir, int64_t step);
 std::string latest_checkpoint(const std::string& dir);
 // Deletes periodic checkpoints beyond the newest `keep` (never `protect`).
