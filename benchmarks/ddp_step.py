@@ -10,6 +10,7 @@ gradient allreduce alone are interleaved; rank 0 prints one JSON line.
 import argparse
 import json
 import os
+import sys
 import time
 
 import torch
@@ -79,7 +80,11 @@ def main():
                           "grad_mb": flat.numel() * 4 / 1e6, "step_s": med["ddp"], "local_step_s": med["local"],
                           "comm_s": med["comm"], "hidden": hidden, "windows": len(runs["ddp"]),
                           "img_per_s": a.batch * world / med["ddp"]}), flush=True)
-    dist.destroy_process_group()
+    # Both ranks are done; leave without destroy_process_group(), which was seen to hang at exit
+    # with Gloo on 2.11 after the result was printed.
+    dist.barrier()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
