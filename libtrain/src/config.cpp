@@ -191,8 +191,27 @@ std::vector<Key> build_schema() {
             "3x3 stride-1 stem without max-pool, for 28x28 / 32x32 images"),
       model("init_from", &M::init_from,
             "checkpoint whose model weights initialise the run; empty = random initialisation"),
+      model("preset", &M::preset,
+            "BERT sizes: bert-base (L12 H768 A12), bert-small (L4 H512 A8), bert-mini (L4 H256 A4), "
+            "bert-tiny (L2 H128 A2), minilm-l6 (L6 H384 A12); vocab 30522, 512 positions")
+          .one_of({"bert-base", "bert-small", "bert-mini", "bert-tiny", "minilm-l6"}),
+      model("vocab_size", &M::vocab_size, "BERT: vocabulary size (must match the vocab file); 0 = the preset's")
+          .at_least(0),
+      model("hidden_size", &M::hidden_size, "BERT: hidden size; 0 = the preset's").at_least(0),
+      model("layers", &M::layers, "BERT: encoder layers; 0 = the preset's").at_least(0),
+      model("heads", &M::heads, "BERT: attention heads (divides hidden_size); 0 = the preset's").at_least(0),
+      model("intermediate_size", &M::intermediate_size,
+            "BERT: feed-forward size; 0 = the preset's (4 x hidden_size when hidden_size is set)")
+          .at_least(0),
+      model("max_positions", &M::max_positions, "BERT: position embeddings (longest sequence); 0 = the preset's")
+          .at_least(0),
+      model("dropout", &M::dropout, "BERT: hidden and attention dropout").at_least(0).below(1),
+      model("attention", &M::attention,
+            "BERT: fused = scaled_dot_product_attention (LibTorch 2.0+), plain = written-out softmax "
+            "attention, auto = fused where available")
+          .one_of({"auto", "fused", "plain"}),
 
-      data("kind", &D::kind, "dataset kind").one_of({"idx", "synthetic", "image_folder"}),
+      data("kind", &D::kind, "dataset kind").one_of({"idx", "synthetic", "image_folder", "tsv"}),
       data("root", &D::root,
            "directory with the dataset files (required when kind is idx or image_folder)"),
       data("train_images", &D::train_images, "idx: training images file in root; .gz is tried too"),
@@ -230,6 +249,12 @@ std::vector<Key> build_schema() {
       data("drop_last", &D::drop_last, "drop the last incomplete training batch of an epoch"),
       data("workers", &D::workers, "loader worker threads; -1 = let the plan decide").at_least(-1),
       data("prefetch", &D::prefetch, "batches prefetched per worker").at_least(1),
+      data("train_tsv", &D::train_tsv, "tsv: training file in root, one text<TAB>label per line"),
+      data("val_tsv", &D::val_tsv, "tsv: validation file in root; its labels must be among train_tsv's"),
+      data("vocab_file", &D::vocab_file, "BERT vocab.txt (one token per line); relative paths are taken in root"),
+      data("seq_len", &D::seq_len, "tokens per sample, [CLS] and [SEP] included (longer texts are truncated)")
+          .at_least(3),
+      data("lowercase", &D::lowercase, "tsv: uncased vocab (lower-case and strip accents before WordPiece)"),
 
       optim("name", &O::name, "optimizer").one_of({"sgd", "adamw"}),
       optim("lr", &O::lr, "learning rate for global_batch (before any plan scaling)").above(0),
@@ -785,7 +810,9 @@ Config ConfigBuilder::validated() const {
          "data.mean has " + std::to_string(data.mean.size()) + " entries and data.std has " +
              std::to_string(data.std.size()) + "; they must have the same length");
   }
-  if ((data.kind == "idx" || data.kind == "image_folder") && data.root.empty())
+  if (data.kind == "tsv" && data.vocab_file.empty())
+    fail(where_set("data.vocab_file"), "data.vocab_file", "required when data.kind is 'tsv' (a BERT vocab.txt)");
+  if ((data.kind == "idx" || data.kind == "image_folder" || data.kind == "tsv") && data.root.empty())
     fail(where_set("data.root"), "data.root",
          "required when data.kind is '" + data.kind + "' (the directory with the dataset files)");
   if (data.kind == "image_folder" && data.resize_size > 0 && data.image_size > 0 &&
@@ -891,7 +918,7 @@ std::string config_reference() {
   out << "# Configuration reference\n\n"
       << "Required: " << join(required, ", ")
       << ", at least one of `trainer.epochs` / `trainer.max_steps` > 0, and `data.root` when "
-      << "`data.kind` is `idx` or `image_folder`. "
+      << "`data.kind` is `idx`, `image_folder` or `tsv` (which also needs `data.vocab_file`). "
       << "Every other key has the default shown. Any key can be overridden on the command line "
       << "with `--set section.key=value`.\n";
   for (const SectionInfo& section : kSections) {

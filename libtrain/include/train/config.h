@@ -20,10 +20,20 @@ struct ModelConfig {
   double width = 1.0;            // channel width multiplier (1.0 = torchvision's widths)
   bool small_input = false;      // 3x3 stride-1 stem without max-pool, for 28x28 / 32x32 images
   std::string init_from;         // optional checkpoint whose model weights initialise the run
+  // BERT (bert, bert-mlm, bert-classifier): a size preset, then overrides; 0 = the preset's value.
+  std::string preset = "bert-base";  // bert-base | bert-small | bert-mini | bert-tiny | minilm-l6
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t layers = 0;
+  int64_t heads = 0;
+  int64_t intermediate_size = 0;  // 0 = the preset's, or 4 x hidden_size when that is set
+  int64_t max_positions = 0;
+  double dropout = 0.1;          // hidden and attention-probability dropout
+  std::string attention = "auto";  // auto | fused | plain
 };
 
 struct DataConfig {
-  std::string kind = "idx";      // idx | synthetic | image_folder
+  std::string kind = "idx";      // idx | synthetic | image_folder | tsv
   std::string root;              // directory with the dataset files (idx, image_folder)
   std::string train_images = "train-images-idx3-ubyte";   // file stems; ".gz" is tried too
   std::string train_labels = "train-labels-idx1-ubyte";
@@ -46,6 +56,12 @@ struct DataConfig {
   bool drop_last = true;
   int64_t workers = -1;          // loader worker threads; -1 = let the plan decide
   int64_t prefetch = 2;          // batches prefetched per worker
+  // tsv (train/text/tsv_dataset.h): text<TAB>label files in root, WordPiece-encoded
+  std::string train_tsv = "train.tsv";
+  std::string val_tsv = "val.tsv";
+  std::string vocab_file;        // BERT vocab.txt; relative paths are taken in root
+  int64_t seq_len = 128;         // tokens per sample, [CLS] and [SEP] included
+  bool lowercase = true;         // uncased vocab: lower-case and strip accents
 };
 
 struct OptimConfig {
