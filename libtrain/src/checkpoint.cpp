@@ -7,6 +7,8 @@
 #include "atomic_file.h"
 #include "train/errors.h"
 #include "train/files.h"
+#include "train/log.h"
+#include "train/safetensors.h"
 
 namespace train {
 namespace {
@@ -130,9 +132,55 @@ TrainState load_checkpoint(const std::string& path, torch::nn::Module& model, to
   return state;
 }
 
-void load_model_weights(const std::string& path, torch::nn::Module& model) {
+std::map<std::string, torch::Tensor> read_checkpoint_weights(const std::string& path) {
   auto archive = open_archive(path);
-  read_model(archive, model, path);
+  torch::serialize::InputArchive weights;
+  if (!archive.try_read("model", weights)) throw CheckpointError(path + ": no 'model' entry");
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& key : weights.keys()) {
+    torch::Tensor t;
+    weights.read(key, t);
+    out.emplace(key, t);
+  }
+  return out;
+}
+
+namespace {
+bool is_safetensors_path(const std::string& path) {
+  const std::string ext = ".safetensors";
+  return path.size() >= ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0;
+}
+
+std::map<std::string, torch::Tensor> read_weights(const std::string& path) {
+  return is_safetensors_path(path) ? read_safetensors(path) : read_checkpoint_weights(path);
+}
+
+template <typename Fn>
+auto with_strict_hint(Fn&& fn) {
+  try {
+    return fn();
+  } catch (const CheckpointError& e) {
+    const std::string what = e.what();
+    if (what.find("do not match the model") == std::string::npos) throw;
+    throw CheckpointError(what + " (for model.init_from, model.init_strict: false loads the matching keys and "
+                                 "skips the rest)");
+  }
+}
+}  // namespace
+
+void load_model_weights(const std::string& path, torch::nn::Module& model, bool strict) {
+  const auto tensors = read_weights(path);
+  const LoadReport report = with_strict_hint([&] { return load_state_dict(model, tensors, strict, path); });
+  if (!report.complete()) {
+    log::warn(log::str(path, ": loaded ", report.loaded.size(), " of ",
+                       report.loaded.size() + report.missing.size() + report.mismatched.size(),
+                       " model tensors (model.init_strict: false); ", report.summary()));
+  }
+}
+
+void check_model_weights(const std::string& path, const torch::nn::Module& model, bool strict) {
+  const auto tensors = read_weights(path);
+  with_strict_hint([&] { return match_state_dict(model, tensors, strict, path); });
 }
 
 std::string checkpoint_path(const std::string& dir, int64_t step) {

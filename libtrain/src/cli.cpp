@@ -16,6 +16,7 @@
 #include "train/log.h"
 #include "train/metrics.h"
 #include "train/run.h"
+#include "train/safetensors.h"
 #include "train/trainer.h"
 
 namespace train {
@@ -91,6 +92,9 @@ int cmd_fit(const CommonArgs& args, std::string run_dir, const std::string& resu
   const std::string resume_path = resume == "auto" ? latest_checkpoint(ckpt_dir) : resume;
   if (resume == "auto" && resume_path.empty()) log::info("--resume auto: no checkpoint in " + ckpt_dir + "; starting fresh");
   if (!resume_path.empty()) load_checkpoint(resume_path, *run.model, nullptr);
+  if (resume_path.empty() && !config.model.init_from.empty()) {
+    check_model_weights(config.model.init_from, *run.model, config.model.init_strict);
+  }
 
   files::make_directories(run_dir);
   log::set_file(files::join(run_dir, "train.log"));
@@ -127,6 +131,20 @@ int cmd_eval(const CommonArgs& args, const std::string& checkpoint) {
   r.add("checkpoint", checkpoint).add("split", "val").add("loss", ev.loss).add("accuracy", ev.accuracy)
       .add("samples", ev.samples);
   std::cout << r.to_json() << "\n";
+  return kExitOk;
+}
+
+// train export CHECKPOINT --format safetensors OUT: the model weights under their state-dict
+// names (torchvision's for ResNet), loadable with safetensors.torch.load_file + load_state_dict.
+int cmd_export(const std::string& checkpoint, const std::string& format, const std::string& out) {
+  if (format != "safetensors") throw UsageError("--format " + format + ": the only export format is safetensors");
+  const TensorMap weights = read_checkpoint_weights(checkpoint);
+  Metadata metadata{{"format", "pt"}, {"producer", "train export"}, {"source", files::filename(checkpoint)}};
+  write_safetensors(out, weights, metadata);
+  int64_t bytes = 0;
+  for (const auto& [name, t] : weights) bytes += t.numel() * static_cast<int64_t>(t.element_size());
+  std::cout << "wrote " << out << ": " << weights.size() << " tensors, " << bytes / (1024 * 1024) << " MiB from "
+            << checkpoint << "\n";
   return kExitOk;
 }
 
@@ -168,6 +186,12 @@ int run_cli(int argc, char** argv) {
   auto* config_cmd = app.add_subcommand("config", "Config schema tools");
   config_cmd->add_flag("--reference", reference, "Print the reference of every config key (Markdown)")->required();
 
+  std::string export_checkpoint, export_format = "safetensors", export_out;
+  auto* export_cmd = app.add_subcommand("export", "Write a checkpoint's model weights for other frameworks");
+  export_cmd->add_option("checkpoint", export_checkpoint, "Checkpoint file written by train fit")->required();
+  export_cmd->add_option("out", export_out, "Output file, e.g. model.safetensors")->required();
+  export_cmd->add_option("--format", export_format, "Output format")->capture_default_str();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -188,6 +212,7 @@ int run_cli(int argc, char** argv) {
       }
       return kExitOk;
     }
+    if (export_cmd->parsed()) return cmd_export(export_checkpoint, export_format, export_out);
     if (config_cmd->parsed()) {
       std::cout << config_reference();
       return kExitOk;

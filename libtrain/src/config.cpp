@@ -190,7 +190,11 @@ std::vector<Key> build_schema() {
       model("small_input", &M::small_input,
             "3x3 stride-1 stem without max-pool, for 28x28 / 32x32 images"),
       model("init_from", &M::init_from,
-            "checkpoint whose model weights initialise the run; empty = random initialisation"),
+            "weights that initialise the run: a train checkpoint (.pt) or a .safetensors file with "
+            "state-dict names (torchvision's for ResNet); empty = random initialisation"),
+      model("init_strict", &M::init_strict,
+            "init_from must match the model key for key and shape for shape; false = load the matching "
+            "tensors and list the skipped and missing ones in a warning"),
       model("preset", &M::preset,
             "BERT sizes: bert-base (L12 H768 A12), bert-small (L4 H512 A8), bert-mini (L4 H256 A4), "
             "bert-tiny (L2 H128 A2), minilm-l6 (L6 H384 A12); vocab 30522, 512 positions")

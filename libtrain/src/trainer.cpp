@@ -202,7 +202,7 @@ FitResult Trainer::fit(const std::string& resume) {
     log::info(log::str("resumed from ", resume_path, " at step ", s.step, " (epoch ", st.epoch, ", batch ",
                        st.batch_in_epoch, ")"));
   } else if (!s.config.model.init_from.empty()) {
-    load_model_weights(s.config.model.init_from, *s.model);
+    load_model_weights(s.config.model.init_from, *s.model, s.config.model.init_strict);
     log::info("model weights initialised from " + s.config.model.init_from);
   }
   s.loader->start(start_pos);

@@ -31,8 +31,17 @@ void save_checkpoint(const std::string& path, const torch::nn::Module& model,
 TrainState load_checkpoint(const std::string& path, torch::nn::Module& model,
                            torch::optim::Optimizer* optimizer);
 
-// Loads only the model weights (model.init_from).
-void load_model_weights(const std::string& path, torch::nn::Module& model);
+// Loads only the model weights (model.init_from, train eval): from a checkpoint, or from a
+// `.safetensors` file with state-dict names (torchvision's for ResNet). strict: a missing or
+// unexpected key or a shape mismatch throws CheckpointError naming the file and the keys; not
+// strict: the matching keys are loaded and a warning lists what was skipped or left missing.
+void load_model_weights(const std::string& path, torch::nn::Module& model, bool strict = true);
+// The same checks as load_model_weights (a readable file; with strict, a key-for-key match),
+// without loading anything or logging: for validating model.init_from before a run starts.
+void check_model_weights(const std::string& path, const torch::nn::Module& model, bool strict = true);
+
+// The model weights stored in a checkpoint, by state-dict name (train export).
+std::map<std::string, torch::Tensor> read_checkpoint_weights(const std::string& path);
 
 // "<dir>/step_00000123.pt" naming; the newest complete checkpoint in dir, or "" if none.
 std::string checkpoint_path(const std::string& dir, int64_t step);

@@ -19,7 +19,8 @@ struct ModelConfig {
   int64_t in_channels = 3;
   double width = 1.0;            // channel width multiplier (1.0 = torchvision's widths)
   bool small_input = false;      // 3x3 stride-1 stem without max-pool, for 28x28 / 32x32 images
-  std::string init_from;         // optional checkpoint whose model weights initialise the run
+  std::string init_from;         // optional checkpoint or .safetensors file whose weights initialise the run
+  bool init_strict = true;       // init_from must match the model key for key and shape for shape
   // BERT (bert, bert-mlm, bert-classifier): a size preset, then overrides; 0 = the preset's value.
   std::string preset = "bert-base";  // bert-base | bert-small | bert-mini | bert-tiny | minilm-l6
   int64_t vocab_size = 0;
