@@ -215,7 +215,7 @@ std::vector<Key> build_schema() {
             "attention, auto = fused where available")
           .one_of({"auto", "fused", "plain"}),
 
-      data("kind", &D::kind, "dataset kind").one_of({"idx", "synthetic", "image_folder", "tsv"}),
+      data("kind", &D::kind, "dataset kind").one_of({"idx", "synthetic", "image_folder", "tokens", "tsv"}),
       data("root", &D::root,
            "directory with the dataset files (required when kind is idx or image_folder)"),
       data("train_images", &D::train_images, "idx: training images file in root; .gz is tried too"),
@@ -253,11 +253,46 @@ std::vector<Key> build_schema() {
       data("drop_last", &D::drop_last, "drop the last incomplete training batch of an epoch"),
       data("workers", &D::workers, "loader worker threads; -1 = let the plan decide").at_least(-1),
       data("prefetch", &D::prefetch, "batches prefetched per worker").at_least(1),
+      data("on_error", &D::on_error,
+           "a sample that fails to load (corrupt file): raise = stop with an error naming it; "
+           "skip = replace it by the next sample that loads, count and log it")
+          .one_of({"raise", "skip"}),
+      data("uint8", &D::uint8,
+           "image_folder: deliver uint8 batches; mean / std are applied on the device "
+           "(normalize_on_device)"),
+      data("train_tokens", &D::train_tokens,
+           "tokens: training token file (format in train/data/token_file.h); relative to root"),
+      data("val_tokens", &D::val_tokens, "tokens: validation token file; relative to root"),
+      data("vocab_file", &D::vocab_file,
+           "tokens, tsv: BERT vocab.txt giving vocab_size and the [PAD] [UNK] [CLS] [SEP] [MASK] ids; "
+           "relative to root; empty = from the token file"),
+      data("seq_len", &D::seq_len, "tokens, tsv: tokens per sample, [CLS] and [SEP] included (tsv: longer texts are truncated)").at_least(3),
+      data("pack", &D::pack,
+           "tokens: concatenate documents into full sequences; false = one padded sample per document"),
+      data("vocab_size", &D::vocab_size,
+           "tokens: logits per position; 0 = the vocab file's, else the token file's").at_least(0),
+      data("pad_id", &D::pad_id,
+           "tokens: [PAD] id (the model's attention mask is input != pad_id); -1 = from vocab_file, "
+           "else the token file")
+          .at_least(-1),
+      data("unk_id", &D::unk_id, "tokens: [UNK] id, never masked; -1 = from vocab_file, else the token file")
+          .at_least(-1),
+      data("cls_id", &D::cls_id, "tokens: [CLS] id; -1 = from vocab_file, else the token file").at_least(-1),
+      data("sep_id", &D::sep_id, "tokens: [SEP] id; -1 = from vocab_file, else the token file").at_least(-1),
+      data("mask_id", &D::mask_id, "tokens: [MASK] id; -1 = from vocab_file, else the token file")
+          .at_least(-1),
+      data("mask_prob", &D::mask_prob, "tokens: share of the non-special tokens selected for MLM")
+          .above(0)
+          .at_most(1),
+      data("mask_token_prob", &D::mask_token_prob, "tokens: share of the selected replaced by [MASK]")
+          .at_least(0)
+          .at_most(1),
+      data("random_token_prob", &D::random_token_prob,
+           "tokens: share of the selected replaced by a random non-special token; the rest stay unchanged")
+          .at_least(0)
+          .at_most(1),
       data("train_tsv", &D::train_tsv, "tsv: training file in root, one text<TAB>label per line"),
       data("val_tsv", &D::val_tsv, "tsv: validation file in root; its labels must be among train_tsv's"),
-      data("vocab_file", &D::vocab_file, "BERT vocab.txt (one token per line); relative paths are taken in root"),
-      data("seq_len", &D::seq_len, "tokens per sample, [CLS] and [SEP] included (longer texts are truncated)")
-          .at_least(3),
       data("lowercase", &D::lowercase, "tsv: uncased vocab (lower-case and strip accents before WordPiece)"),
 
       optim("name", &O::name, "optimizer").one_of({"sgd", "adamw"}),
@@ -819,6 +854,16 @@ Config ConfigBuilder::validated() const {
   if ((data.kind == "idx" || data.kind == "image_folder" || data.kind == "tsv") && data.root.empty())
     fail(where_set("data.root"), "data.root",
          "required when data.kind is '" + data.kind + "' (the directory with the dataset files)");
+  if (data.uint8 && data.kind != "image_folder")
+    fail(where_set("data.uint8"), "data.uint8",
+         "only image_folder delivers uint8 batches; data.kind is '" + data.kind + "'");
+  if (data.mask_token_prob + data.random_token_prob > 1.0 + 1e-9) {
+    const std::string path =
+        set_at_.count("data.random_token_prob") ? "data.random_token_prob" : "data.mask_token_prob";
+    fail(where_set(path), path,
+         "data.mask_token_prob + data.random_token_prob is " +
+             format_number(data.mask_token_prob + data.random_token_prob) + "; it must be <= 1");
+  }
   if (data.kind == "image_folder" && data.resize_size > 0 && data.image_size > 0 &&
       data.resize_size < data.image_size)
     fail(where_set("data.resize_size"), "data.resize_size",

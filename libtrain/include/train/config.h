@@ -34,7 +34,7 @@ struct ModelConfig {
 };
 
 struct DataConfig {
-  std::string kind = "idx";      // idx | synthetic | image_folder | tsv
+  std::string kind = "idx";      // idx | synthetic | image_folder | tokens | tsv
   std::string root;              // directory with the dataset files (idx, image_folder)
   std::string train_images = "train-images-idx3-ubyte";   // file stems; ".gz" is tried too
   std::string train_labels = "train-labels-idx1-ubyte";
@@ -57,12 +57,28 @@ struct DataConfig {
   bool drop_last = true;
   int64_t workers = -1;          // loader worker threads; -1 = let the plan decide
   int64_t prefetch = 2;          // batches prefetched per worker
-  // tsv (train/text/tsv_dataset.h): text<TAB>label files in root, WordPiece-encoded
+  std::string on_error = "raise";  // raise | skip: a sample that fails to load stops the run / is replaced
+  bool uint8 = false;            // image_folder: uint8 batches, normalised on the device (normalize_on_device)
+  // tokens (train/data/tokens.h): relative paths are taken in root
+  std::string train_tokens = "train.tokens";
+  std::string val_tokens = "val.tokens";
+  std::string vocab_file;        // BERT vocab.txt: vocab size and special ids; "" = from the token file
+  int64_t seq_len = 128;         // tokens per sample, [CLS] and [SEP] included
+  bool pack = true;              // pack documents into full sequences; false = one (padded) sample per document
+  int64_t vocab_size = 0;        // 0 = the vocab file's, else the token file's
+  int64_t pad_id = -1;           // special ids; -1 = from vocab_file, else the token file's header
+  int64_t unk_id = -1;
+  int64_t cls_id = -1;
+  int64_t sep_id = -1;
+  int64_t mask_id = -1;
+  double mask_prob = 0.15;       // MLM: share of non-special tokens selected
+  double mask_token_prob = 0.8;  // of the selected: replaced by [MASK]
+  double random_token_prob = 0.1;  // of the selected: replaced by a random token
+  // tsv (train/text/tsv_dataset.h): text<TAB>label files in root, WordPiece-encoded with
+  // vocab_file (required) and seq_len
   std::string train_tsv = "train.tsv";
   std::string val_tsv = "val.tsv";
-  std::string vocab_file;        // BERT vocab.txt; relative paths are taken in root
-  int64_t seq_len = 128;         // tokens per sample, [CLS] and [SEP] included
-  bool lowercase = true;         // uncased vocab: lower-case and strip accents
+  bool lowercase = true;         // tsv: uncased vocab (lower-case and strip accents)
 };
 
 struct OptimConfig {

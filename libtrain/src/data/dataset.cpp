@@ -6,6 +6,7 @@
 #include <train/data/idx.h>
 #include <train/data/image_folder.h>
 #include <train/data/synthetic.h>
+#include <train/data/tokens.h>
 #include <train/data/transforms.h>
 #include <train/errors.h>
 #include <train/files.h>
@@ -63,6 +64,36 @@ torch::Tensor normalize(const torch::Tensor& image, const std::vector<double>& m
   const torch::Tensor mean_t = torch::tensor(mean, options).view({-1, 1, 1});
   const torch::Tensor std_t = torch::tensor(stddev, options).view({-1, 1, 1});
   return (image - mean_t) / std_t;
+}
+
+Batch normalize_on_device(const Batch& batch, const std::vector<double>& mean,
+                          const std::vector<double>& stddev, torch::ScalarType dtype) {
+  const torch::Tensor& input = batch.input;
+  if (input.dim() != 4) {
+    throw std::invalid_argument("normalize_on_device: expected images [B, C, H, W], got " +
+                                std::to_string(input.dim()) + " dimensions");
+  }
+  const auto channels = static_cast<size_t>(input.size(1));
+  if (mean.size() != stddev.size() || (!mean.empty() && mean.size() != channels)) {
+    throw std::invalid_argument("normalize_on_device: mean and stddev need one value per channel (" +
+                                std::to_string(channels) + "), or none");
+  }
+  // One multiply and one subtract: x * scale[c] - shift[c], with the 1/255 folded into scale.
+  const double range = input.scalar_type() == torch::kByte ? 255.0 : 1.0;
+  std::vector<double> scale(channels, 1.0 / range);
+  std::vector<double> shift(channels, 0.0);
+  for (size_t c = 0; c < mean.size(); ++c) {
+    scale[c] = 1.0 / (range * stddev[c]);
+    shift[c] = mean[c] / stddev[c];
+  }
+  const auto options = torch::TensorOptions().dtype(dtype);
+  const auto shape = std::vector<int64_t>{1, static_cast<int64_t>(channels), 1, 1};
+  const torch::Tensor scale_t = torch::tensor(scale, options).view(shape).to(input.device());
+  const torch::Tensor shift_t = torch::tensor(shift, options).view(shape).to(input.device());
+  // Keeps the input's memory format (channels_last stays channels_last).
+  torch::Tensor output = input.to(dtype, /*non_blocking=*/false, /*copy=*/true);
+  output.mul_(scale_t).sub_(shift_t);
+  return Batch{std::move(output), batch.target};
 }
 
 CropBox random_resized_crop_box(int64_t height, int64_t width, double min_scale, double max_scale,
@@ -323,20 +354,68 @@ DatasetPtr make_image_folder(const DataConfig& config, Split split) {
   options.resize_size = config.resize_size;
   options.crop_min_scale = config.crop_min_scale;
   options.random_flip = transforms.random_flip;
-  options.mean = transforms.mean;
-  options.stddev = transforms.stddev;
+  // uint8 batches are normalised on the device (normalize_on_device with data.mean / data.std).
+  options.uint8 = config.uint8;
+  if (!config.uint8) {
+    options.mean = transforms.mean;
+    options.stddev = transforms.stddev;
+  }
   return std::make_shared<ImageFolderDataset>(std::move(options));
+}
+
+// A token-dataset path: absolute, or relative to data.root.
+std::string in_root(const DataConfig& config, const std::string& name) {
+  if (name.empty() || name.front() == '/' || config.root.empty()) return name;
+  return files::join(config.root, name);
+}
+
+DatasetPtr make_tokens(const DataConfig& config, Split split) {
+  const std::string& file = split == Split::Train ? config.train_tokens : config.val_tokens;
+  const char* file_key = split == Split::Train ? "data.train_tokens" : "data.val_tokens";
+  if (file.empty()) throw ConfigError(std::string(file_key) + " is required when data.kind is tokens");
+  if (config.seq_len < 3) {
+    throw ConfigError("data.seq_len must be >= 3 ([CLS], a token, [SEP]), got " + std::to_string(config.seq_len));
+  }
+
+  TokenDatasetOptions options;
+  options.path = in_root(config, file);
+  options.seq_len = config.seq_len;
+  options.pack = config.pack;
+  options.vocab_size = config.vocab_size;
+  options.special = SpecialTokens{config.pad_id, config.unk_id, config.cls_id, config.sep_id, config.mask_id};
+  if (!config.vocab_file.empty()) {
+    const VocabInfo vocab = read_vocab_file(in_root(config, config.vocab_file));
+    if (options.vocab_size == 0) options.vocab_size = vocab.size;
+    SpecialTokens& special = options.special;
+    for (auto field : {&SpecialTokens::pad, &SpecialTokens::unk, &SpecialTokens::cls, &SpecialTokens::sep,
+                       &SpecialTokens::mask}) {
+      if (special.*field < 0) special.*field = vocab.special.*field;
+    }
+    options.extra_special = vocab.bracketed;
+  }
+  options.mlm.mask_prob = config.mask_prob;
+  options.mlm.mask_token_prob = config.mask_token_prob;
+  options.mlm.random_token_prob = config.random_token_prob;
+  try {
+    return std::make_shared<TokenDataset>(std::move(options));
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(std::string("data: ") + e.what());
+  }
 }
 
 }  // namespace
 
 DatasetPtr make_dataset(const DataConfig& config, Split split) {
+  if (config.uint8 && config.kind != "image_folder") {
+    throw ConfigError("data.uint8 applies to image_folder only, not to " + config.kind);
+  }
   if (config.kind == "synthetic") return make_synthetic(config, split);
   if (config.kind == "idx") return make_idx(config, split);
   if (config.kind == "image_folder") return make_image_folder(config, split);
+  if (config.kind == "tokens") return make_tokens(config, split);
   if (config.kind == "tsv") return text::make_tsv_dataset(config, split == Split::Train);
   throw ConfigError("data.kind: unknown kind '" + config.kind +
-                    "' (expected idx | synthetic | image_folder | tsv)");
+                    "' (expected idx | synthetic | image_folder | tokens | tsv)");
 }
 
 }  // namespace train::data

@@ -217,6 +217,11 @@ ImageFolderDataset::ImageFolderDataset(ImageFolderOptions options) : options_(st
       (!options_.mean.empty() && options_.mean.size() != 3)) {
     throw std::invalid_argument("ImageFolderDataset: mean and stddev need 3 values each, or none");
   }
+  if (options_.uint8 && !options_.mean.empty()) {
+    throw std::invalid_argument(
+        "ImageFolderDataset: uint8 images are not normalised; pass mean / stddev to "
+        "normalize_on_device instead");
+  }
 
   const std::string& directory = options_.directory;
   const std::vector<std::string> found = find_image_classes(directory);
@@ -275,8 +280,12 @@ Example ImageFolderDataset::get(int64_t index, uint64_t seed) const {
     const torch::Tensor decoded = decode_image(path(index), options_.resize_size);
     image = center_crop(resize_shorter_side(to_float(decoded), options_.resize_size), side);
   }
-  image = image.div(255.0);
-  if (!options_.mean.empty()) image = normalize(image, options_.mean, options_.stddev);
+  if (options_.uint8) {
+    image = image.round().clamp_(0.0, 255.0).to(torch::kByte);
+  } else {
+    image = image.div(255.0);
+    if (!options_.mean.empty()) image = normalize(image, options_.mean, options_.stddev);
+  }
   return Example{image, torch::scalar_tensor(label(index), torch::kLong)};
 }
 
@@ -299,6 +308,7 @@ std::string ImageFolderDataset::describe() const {
     out << "resize(" << options_.resize_size << "), center_crop(" << side << ")";
   }
   if (!options_.mean.empty()) out << ", normalize";
+  if (options_.uint8) out << ", uint8 (normalised on the device)";
   return out.str();
 }
 

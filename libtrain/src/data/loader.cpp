@@ -10,6 +10,7 @@
 #include <train/data/loader.h>
 #include <train/data/transforms.h>
 #include <train/errors.h>
+#include <train/log.h>
 
 #include <c10/util/Exception.h>
 #include <torch/cuda.h>
@@ -20,12 +21,19 @@
 #include <exception>
 #include <mutex>
 #include <numeric>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
 namespace train::data {
+
+OnError parse_on_error(const std::string& name) {
+  if (name == "raise") return OnError::Raise;
+  if (name == "skip") return OnError::Skip;
+  throw std::invalid_argument("on_error must be raise or skip, got '" + name + "'");
+}
 
 uint64_t sample_seed(uint64_t seed, int64_t epoch, int64_t index) {
   return mix64(mix64(mix64(seed) + static_cast<uint64_t>(epoch)) + static_cast<uint64_t>(index));
@@ -103,11 +111,36 @@ void validate(const LoaderOptions& options) {
   }
 }
 
+// The message of the exception in flight, without a backtrace.
+std::string current_error_message() {
+  try {
+    throw;
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+// OnError::Skip: how many indices after a failing one are tried before giving up. A run of
+// this many unreadable samples is a broken dataset rather than a few bad files.
+constexpr int64_t kMaxSubstituteAttempts = 100;
+// OnError::Skip: skipped samples whose errors are logged and kept in skip_messages().
+constexpr size_t kLoggedSkips = 5;
+
+// A collated batch and the errors of the samples replaced in it (OnError::Skip).
+struct Loaded {
+  Batch batch;
+  std::vector<std::string> skips;
+};
+
 // A batch slot of the ring: empty, a batch, or the error raised while building it.
 struct Slot {
-  std::optional<Batch> batch;
+  std::optional<Loaded> loaded;
   std::exception_ptr error;
-  bool ready() const { return batch.has_value() || error != nullptr; }
+  bool ready() const { return loaded.has_value() || error != nullptr; }
 };
 
 }  // namespace
@@ -133,6 +166,9 @@ struct Loader::Impl {
 
   std::vector<std::thread> threads;
   double wait_seconds = 0.0;
+  // Caller-side: samples replaced in delivered batches, and the first errors.
+  int64_t skipped = 0;
+  std::vector<std::string> skip_messages;
 
   int64_t capacity() const { return options.workers * options.prefetch; }
 
@@ -141,19 +177,42 @@ struct Loader::Impl {
                              : (samples + options.batch_size - 1) / options.batch_size;
   }
 
+  Example get(int64_t index) const {
+    return dataset->get(index, sample_seed(options.seed, epoch, index));
+  }
+
+  // OnError::Skip: the first of index + 1, index + 2, ... (wrapping) that loads. Rethrows the
+  // original error (in flight in the caller's catch) with `context` when none does.
+  Example substitute(int64_t index, const std::string& context) const {
+    const int64_t size = dataset->size();
+    const int64_t attempts = std::min(size - 1, kMaxSubstituteAttempts);
+    for (int64_t step = 1; step <= attempts; ++step) {
+      try {
+        return get((index + step) % size);
+      } catch (...) {
+      }
+    }
+    rethrow_with_context(context + "; data.on_error is skip, but the " + std::to_string(attempts) +
+                         " samples after it fail to load too");
+  }
+
   // Loads and collates batch `b` of the current epoch. Errors carry the sample or batch index.
-  Batch load_batch(int64_t b) const {
+  Loaded load_batch(int64_t b) const {
     const auto begin = static_cast<size_t>(b * options.batch_size);
     const size_t end = std::min(order.size(), begin + static_cast<size_t>(options.batch_size));
     std::vector<Example> examples;
     examples.reserve(end - begin);
+    std::vector<std::string> skips;
     for (size_t i = begin; i < end; ++i) {
       const int64_t index = order[i];
       try {
-        examples.push_back(dataset->get(index, sample_seed(options.seed, epoch, index)));
+        examples.push_back(get(index));
       } catch (...) {
-        rethrow_with_context("loading sample " + std::to_string(index) + " (batch " +
-                             std::to_string(b) + " of epoch " + std::to_string(epoch) + ")");
+        const std::string context = "loading sample " + std::to_string(index) + " (batch " +
+                                    std::to_string(b) + " of epoch " + std::to_string(epoch) + ")";
+        if (options.on_error == OnError::Raise) rethrow_with_context(context);
+        skips.push_back(context + ": " + current_error_message());
+        examples.push_back(substitute(index, context));
       }
     }
     try {
@@ -162,7 +221,7 @@ struct Loader::Impl {
         batch.input = batch.input.pin_memory();
         batch.target = batch.target.pin_memory();
       }
-      return batch;
+      return Loaded{std::move(batch), std::move(skips)};
     } catch (...) {
       rethrow_with_context("collating batch " + std::to_string(b) + " of epoch " +
                            std::to_string(epoch));
@@ -178,7 +237,7 @@ struct Loader::Impl {
       }
       Slot result;
       try {
-        result.batch = load_batch(b);
+        result.loaded = load_batch(b);
       } catch (...) {
         result.error = std::current_exception();
       }
@@ -218,27 +277,41 @@ struct Loader::Impl {
     }
   }
 
+  // Caller thread: counts and reports the samples replaced in a batch being delivered.
+  Batch deliver(Loaded&& loaded) {
+    for (std::string& message : loaded.skips) {
+      ++skipped;
+      if (skip_messages.size() >= kLoggedSkips) continue;
+      log::warn("data.on_error skip: " + message + "; replaced by the next sample that loads");
+      skip_messages.push_back(std::move(message));
+      if (skip_messages.size() == kLoggedSkips) {
+        log::warn("data.on_error skip: further skipped samples are counted but not logged");
+      }
+    }
+    return std::move(loaded.batch);
+  }
+
   std::optional<Batch> next() {
     if (!started) start(LoaderPosition{});  // next() without start() reads epoch 0 from its start
     if (next_batch >= num_batches) return std::nullopt;
     if (options.workers == 0) {
-      Batch batch = load_batch(next_batch);
+      Loaded loaded = load_batch(next_batch);
       ++next_batch;
-      return batch;
+      return deliver(std::move(loaded));
     }
     Slot& slot = slots[static_cast<size_t>(next_batch % capacity())];
-    std::optional<Batch> batch;
+    std::optional<Loaded> loaded;
     {
       std::unique_lock<std::mutex> lock(mutex);
       slot_filled.wait(lock, [&] { return slot.ready(); });
       // The error stays in its slot: calling next() again reports it again instead of skipping.
       if (slot.error) std::rethrow_exception(slot.error);
-      batch = std::move(slot.batch);
-      slot.batch.reset();
+      loaded = std::move(slot.loaded);
+      slot.loaded.reset();
       ++next_batch;
     }
     slot_freed.notify_all();
-    return batch;
+    return deliver(std::move(*loaded));
   }
 };
 
@@ -285,6 +358,10 @@ int64_t Loader::samples_per_epoch() const {
 }
 
 double Loader::wait_seconds() const { return impl_->wait_seconds; }
+
+int64_t Loader::skipped() const { return impl_->skipped; }
+
+const std::vector<std::string>& Loader::skip_messages() const { return impl_->skip_messages; }
 
 const Dataset& Loader::dataset() const { return *impl_->dataset; }
 

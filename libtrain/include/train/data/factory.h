@@ -10,7 +10,8 @@ namespace train::data {
 
 // Train uses the configured augmentation (random_crop, random_flip; image_folder: a random
 // resized crop and random_flip); Val uses none (image_folder: resize and center crop). Both
-// normalise by data.mean / data.std when given.
+// normalise by data.mean / data.std when given, except image_folder with data.uint8, whose
+// uint8 batches the trainer normalises on the device (normalize_on_device).
 enum class Split { Train, Val };
 
 // Image side of synthetic data when data.image_size is 0.
@@ -20,6 +21,10 @@ constexpr int64_t kSyntheticNumClasses = 10;
 // Crop side of image_folder data when data.image_size is 0: the ImageNet standard.
 constexpr int64_t kImageFolderDefaultImageSize = 224;
 
+// tokens: a TokenDataset (train/data/tokens.h) on data.train_tokens / data.val_tokens, with the
+// vocabulary and special ids resolved from the data.*_id keys, then data.vocab_file, then the
+// token file's header.
+//
 // Throws ConfigError for inconsistent settings (unknown kind, missing root, mean/std lengths
 // that differ from the image channels, ...) and DataError for unreadable or malformed files
 // (image_folder: a missing directory or no images; single images are decoded only in get()).

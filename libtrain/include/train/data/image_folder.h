@@ -51,10 +51,14 @@ struct ImageFolderOptions {
   bool random_flip = false;          // Train: horizontal flip with p = 0.5
   std::vector<double> mean;          // per RGB channel, for inputs in [0, 1]; empty = none
   std::vector<double> stddev;        // same length as mean
+  // Deliver uint8 [3, S, S] inputs (rounded after resizing) instead of floats, without
+  // normalisation; normalize_on_device() then does that on the device. mean / stddev must be
+  // empty.
+  bool uint8 = false;
 };
 
-// get() returns a float [3, S, S] input in [0, 1] (normalised when mean / std are given) and a
-// 0-d int64 class index.
+// get() returns a float [3, S, S] input in [0, 1] (normalised when mean / std are given), or
+// uint8 [3, S, S] in [0, 255] with options.uint8, and a 0-d int64 class index.
 //   Train: torchvision's RandomResizedCrop(S, scale = (crop_min_scale, 1), ratio = (3/4, 4/3)),
 //          then a horizontal flip with p = 0.5 when random_flip; all drawn from the sample seed.
 //   Val:   Resize(resize_size) of the shorter side, then CenterCrop(S).

@@ -5,13 +5,29 @@
 // collate) into a bounded queue; the caller receives batches strictly in sampler order, so the
 // stream of batches is identical for any worker count given the seed. A worker's exception is
 // re-raised in the caller by next(), naming the sample index.
+//
+// With on_error = Skip, a sample whose get() throws (a corrupt JPEG, a truncated record) is
+// replaced in its batch by the next sample in dataset index order that loads: index + 1, + 2, ...
+// (wrapping around), with that sample's own seed. The substitute depends only on the failing
+// index, so delivery stays identical for any worker count, and batches keep their size. Each
+// replaced sample counts once in skipped(), when its batch is delivered; the first few are
+// logged as warnings with the error (which names the file). If no sample of the dataset loads,
+// next() raises the first error.
 #include <train/data/dataset.h>
 
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
+#include <vector>
 
 namespace train::data {
+
+// What the loader does when a sample cannot be loaded (data.on_error).
+enum class OnError { Raise, Skip };
+
+// "raise" | "skip"; std::invalid_argument otherwise.
+OnError parse_on_error(const std::string& name);
 
 struct LoaderOptions {
   int64_t batch_size = 1;
@@ -23,6 +39,7 @@ struct LoaderOptions {
   bool pin_memory = false;    // collate into page-locked memory (CUDA builds only)
   int64_t rank = 0;           // shard of the dataset this process reads
   int64_t world_size = 1;
+  OnError on_error = OnError::Raise;
 };
 
 struct LoaderPosition {
@@ -47,6 +64,11 @@ class Loader {
   int64_t samples_per_epoch() const;  // samples this rank sees per epoch (after padding/drop)
   // Seconds the caller spent blocked inside next() since construction.
   double wait_seconds() const;
+  // Samples replaced under OnError::Skip in the batches delivered since construction.
+  int64_t skipped() const;
+  // The errors of the first few of them (each names the sample index and, where the dataset
+  // says, the file).
+  const std::vector<std::string>& skip_messages() const;
   const Dataset& dataset() const;
   const LoaderOptions& options() const;
 

@@ -4,6 +4,7 @@
 // All randomness comes from an explicit seed, never from torch's global generator: loader
 // workers run concurrently, and a sample must come out the same whichever thread loads it, in
 // whatever order, on every LibTorch version.
+#include <train/data/dataset.h>
 #include <torch/types.h>
 
 #include <cstdint>
@@ -60,6 +61,15 @@ torch::Tensor hflip(const torch::Tensor& image);
 // (image - mean[c]) / stddev[c] per channel of a float [C,H,W] image.
 torch::Tensor normalize(const torch::Tensor& image, const std::vector<double>& mean,
                         const std::vector<double>& stddev);
+
+// Turns a batch of uint8 images [B, C, H, W] (ImageFolder with data.uint8) into normalised
+// floats where it lives, typically after the copy to the GPU, which then moves a quarter of the
+// bytes: (input / 255 - mean[c]) / stddev[c] as `dtype`. A floating-point input is taken to be
+// in [0, 1] already and only normalised. Empty mean / stddev = scaling only. The target is kept.
+// std::invalid_argument when the input is not 4-d or mean / stddev do not have one value per
+// channel.
+Batch normalize_on_device(const Batch& batch, const std::vector<double>& mean,
+                          const std::vector<double>& stddev, torch::ScalarType dtype = torch::kFloat);
 
 // A rectangle of an image, in pixels.
 struct CropBox {

@@ -1,0 +1,128 @@
+#pragma once
+// Masked-language-model samples from a token file (train/data/token_file.h), for BERT-style
+// pretraining.
+//
+// Samples. A sample is always seq_len (T) tokens: [CLS] body [SEP], then [PAD] up to T.
+//   pack = true (default): the documents are concatenated into one stream, each followed by
+//     [SEP]; sample i's body is stream positions [i * (T - 2), (i + 1) * (T - 2)). Sequences run
+//     across document boundaries (RoBERTa's FULL-SENTENCES packing), so only the last sample of
+//     the corpus is padded. There are ceil((num_tokens + num_documents) / (T - 2)) samples.
+//   pack = false: sample i is document i, cut to T - 2 tokens, then padded; one sample per
+//     document.
+//
+// Masking (BERT's recipe), in the loader's workers, drawn only from the per-sample seed that
+// Dataset::get receives, so a sample is the same for any worker count: of the positions whose
+// token is not special, round(mask_prob x count) are selected (stochastic rounding, so the
+// expected share is exactly mask_prob; at least one when there is any); each selected token
+// becomes [MASK] with p = mask_token_prob, a uniformly drawn non-special token with
+// p = random_token_prob, and stays unchanged otherwise.
+//
+// Example: input = int64 [T] token ids after masking; target = int64 [T], the original token at
+// selected positions and -100 (the loss's ignore_index) everywhere else. Batches are [B, T].
+//
+// Padding and the attention mask: padded positions hold the pad id (0 in BERT vocabularies) and
+// always have target -100. There is no separate mask tensor: the model derives the attention
+// mask as input != pad_id. The pad id never occurs inside real text (it is special), so this is
+// exact. Token type (segment) ids are not produced: every position is segment 0.
+#include <train/data/dataset.h>
+#include <train/data/token_file.h>
+#include <train/data/transforms.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace train::data {
+
+// The ignore_index of the loss: positions without a prediction target.
+constexpr int64_t kIgnoreIndex = -100;
+
+// A BERT-style vocab.txt: one token per line, line n (from 0) is token id n.
+struct VocabInfo {
+  int64_t size = 0;
+  // [PAD], [UNK], [CLS], [SEP], [MASK] where present.
+  SpecialTokens special;
+  // Every id whose token is written in square brackets: the five above and placeholders such as
+  // [unused0]. They are never masked and never drawn as random replacements.
+  std::vector<int64_t> bracketed;
+};
+
+// Reads a vocab file; DataError naming it when it is missing, unreadable or empty.
+VocabInfo read_vocab_file(const std::string& path);
+
+struct MlmOptions {
+  double mask_prob = 0.15;         // share of the non-special tokens selected for prediction
+  double mask_token_prob = 0.8;    // of those: replaced by [MASK]
+  double random_token_prob = 0.1;  // of those: replaced by a random non-special token
+};
+
+// BERT's masking of one sequence; const and thread-safe.
+class MlmMasker {
+ public:
+  // `special_ids` (any order, may repeat or lie outside the vocabulary) are never selected and
+  // never drawn. std::invalid_argument when the probabilities are outside [0, 1] (mask_prob in
+  // (0, 1]) or mask_token_prob + random_token_prob > 1, when mask_id is needed but not in
+  // [0, vocab_size), or when no token is left to draw random replacements from.
+  MlmMasker(MlmOptions options, int64_t vocab_size, int64_t mask_id, std::vector<int64_t> special_ids);
+
+  // Masks ids[0, n) in place and writes targets[0, n): the original token at selected
+  // positions, kIgnoreIndex elsewhere. The result depends only on (ids, seed).
+  void apply(int64_t* ids, int64_t* targets, int64_t n, uint64_t seed) const;
+  // Same on a 1-d int64 tensor; returns {masked ids, targets}.
+  Example apply(const torch::Tensor& ids, uint64_t seed) const;
+
+  bool is_special(int64_t id) const;
+  // Uniform over the non-special ids of [0, vocab_size).
+  int64_t random_token(SplitMix64& rng) const;
+  const MlmOptions& options() const { return options_; }
+
+ private:
+  MlmOptions options_;
+  int64_t vocab_size_;
+  int64_t mask_id_;
+  std::vector<int64_t> special_;  // sorted, unique, within [0, vocab_size)
+};
+
+struct TokenDatasetOptions {
+  std::string path;           // the token file
+  int64_t seq_len = 128;      // T, including [CLS] and [SEP]; at least 3
+  bool pack = true;           // see above
+  // 0 = the file's vocab_size; otherwise at least the file's (a model may have a larger vocab).
+  int64_t vocab_size = 0;
+  // Explicit ids win; -1 entries are taken from the token file's header. cls, sep and pad are
+  // required, mask too when mask_token_prob > 0. pad/unk/cls/sep/mask are never masked.
+  SpecialTokens special;
+  std::vector<int64_t> extra_special;  // more never-masked ids, e.g. VocabInfo::bracketed
+  MlmOptions mlm;
+};
+
+class TokenDataset : public Dataset {
+ public:
+  // Maps the file (TokenFile) and resolves the vocabulary. DataError naming the file when it is
+  // invalid, holds no tokens, or lacks a special id that the options do not supply.
+  explicit TokenDataset(TokenDatasetOptions options);
+
+  int64_t size() const override { return samples_; }
+  Example get(int64_t index, uint64_t seed) const override;
+  std::vector<int64_t> input_shape() const override { return {options_.seq_len}; }
+  // The vocabulary size: the number of logits per position.
+  int64_t num_classes() const override { return vocab_size_; }
+  std::string describe() const override;
+
+  // Sample `index` before masking: [CLS] body [SEP] [PAD]..., int64 [T].
+  torch::Tensor tokens(int64_t index) const;
+  const TokenFile& file() const { return *file_; }
+  const SpecialTokens& special() const { return special_; }
+  const MlmMasker& masker() const { return *masker_; }
+
+ private:
+  TokenDatasetOptions options_;
+  std::shared_ptr<const TokenFile> file_;
+  SpecialTokens special_;
+  int64_t vocab_size_ = 0;
+  int64_t samples_ = 0;
+  std::unique_ptr<MlmMasker> masker_;
+};
+
+}  // namespace train::data

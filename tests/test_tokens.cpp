@@ -1,0 +1,611 @@
+// The token file (writer, memory-mapped reader, its validation), vocab files, MLM masking
+// statistics and determinism, TokenDataset's packing, the loader on tokens, and data.kind: tokens.
+#include "testing.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "train/config.h"
+#include "train/data/factory.h"
+#include "train/data/loader.h"
+#include "train/data/token_file.h"
+#include "train/data/tokens.h"
+#include "train/data/transforms.h"
+#include "train/errors.h"
+#include "train/files.h"
+
+using namespace train::data;
+using Catch::Matchers::Contains;
+namespace files = train::files;
+
+namespace {
+
+struct TempDir {
+  std::string path = files::make_temp_directory("train_test_tokens_");
+  ~TempDir() { files::remove_all(path); }
+  std::string operator/(const std::string& name) const { return files::join(path, name); }
+};
+
+std::vector<uint8_t> read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
+}
+
+void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  REQUIRE(out.good());
+}
+
+void put_u32(std::vector<uint8_t>& bytes, size_t at, uint32_t value) {
+  for (int i = 0; i < 4; ++i) bytes[at + i] = static_cast<uint8_t>(value >> (8 * i));
+}
+
+void put_u64(std::vector<uint8_t>& bytes, size_t at, uint64_t value) {
+  for (int i = 0; i < 8; ++i) bytes[at + i] = static_cast<uint8_t>(value >> (8 * i));
+}
+
+template <typename Action>
+std::string data_error(Action&& action) {
+  try {
+    action();
+  } catch (const train::DataError& e) {
+    return e.what();
+  }
+  FAIL("expected a DataError");
+  return {};
+}
+
+// A small vocabulary: [PAD] 0, [UNK] 1, [CLS] 2, [SEP] 3, [MASK] 4, words 5..29.
+constexpr int64_t kPad = 0, kUnk = 1, kCls = 2, kSep = 3, kMask = 4;
+
+TokenFileOptions small_vocab(int64_t vocab_size = 30) {
+  TokenFileOptions options;
+  options.vocab_size = vocab_size;
+  options.special = SpecialTokens{kPad, kUnk, kCls, kSep, kMask};
+  return options;
+}
+
+// Three documents, the middle one empty: a stream of 10 11 12 S | S | 20 21 22 23 24 S.
+const std::vector<std::vector<int64_t>> kSmallCorpus = {{10, 11, 12}, {}, {20, 21, 22, 23, 24}};
+
+std::vector<int64_t> as_vector(const torch::Tensor& t) {
+  const torch::Tensor c = t.contiguous();
+  return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+}
+
+TokenDatasetOptions dataset_options(const std::string& path, int64_t seq_len, bool pack = true) {
+  TokenDatasetOptions options;
+  options.path = path;
+  options.seq_len = seq_len;
+  options.pack = pack;
+  return options;
+}
+
+// A corpus of `documents` documents of 20..199 word tokens drawn from [first_word, vocab_size).
+std::vector<std::vector<int64_t>> random_corpus(int64_t documents, int64_t first_word, int64_t vocab_size,
+                                                uint64_t seed) {
+  SplitMix64 rng(seed);
+  std::vector<std::vector<int64_t>> corpus(static_cast<size_t>(documents));
+  for (auto& document : corpus) {
+    document.resize(20 + rng.below(180));
+    for (int64_t& token : document) {
+      token = first_word + static_cast<int64_t>(rng.below(static_cast<uint64_t>(vocab_size - first_word)));
+    }
+  }
+  return corpus;
+}
+
+}  // namespace
+
+// ---- the file format ----------------------------------------------------------------------------
+
+TEST_CASE("Token files round-trip with 2- and 4-byte tokens", "[data][tokens]") {
+  TempDir dir;
+  SECTION("uint16, chosen for a small vocabulary") {
+    write_token_file(dir / "a.tokens", kSmallCorpus, small_vocab());
+    const TokenFile file(dir / "a.tokens");
+    CHECK(file.token_bytes() == 2);
+    CHECK(file.num_tokens() == 8);
+    CHECK(file.num_documents() == 3);
+    CHECK(file.vocab_size() == 30);
+    CHECK(file.special().pad == kPad);
+    CHECK(file.special().unk == kUnk);
+    CHECK(file.special().cls == kCls);
+    CHECK(file.special().sep == kSep);
+    CHECK(file.special().mask == kMask);
+    CHECK(file.document_offset(0) == 0);
+    CHECK(file.document_offset(1) == 3);
+    CHECK(file.document_offset(2) == 3);
+    CHECK(file.document_offset(3) == 8);
+    CHECK(file.document_length(1) == 0);
+    CHECK(file.token(0) == 10);
+    CHECK(file.token(7) == 24);
+    std::vector<int64_t> tokens(5);
+    file.read(3, 5, tokens.data());
+    CHECK(tokens == kSmallCorpus[2]);
+    CHECK_THROWS_AS(file.token(8), std::out_of_range);
+    CHECK_THROWS_AS(file.document_offset(4), std::out_of_range);
+    file.verify();
+    // Header 128 + 8 tokens x 2 bytes + 4 offsets x 8 bytes, nothing else.
+    CHECK(files::file_size(dir / "a.tokens") == 128 + 16 + 32);
+  }
+  SECTION("uint32 for a large vocabulary, ids above 2^16, no special ids recorded") {
+    TokenFileOptions options;
+    options.vocab_size = 100000;
+    TokenFileWriter writer(dir / "b.tokens", options);
+    writer.add_document(std::vector<int32_t>{99999, 0, 65536});
+    const uint32_t raw[] = {70000, 5};
+    writer.add_document(raw, 2);
+    CHECK(writer.num_documents() == 2);
+    CHECK(writer.num_tokens() == 5);
+    writer.finish();
+    const TokenFile file(dir / "b.tokens");
+    CHECK(file.token_bytes() == 4);
+    CHECK(file.token(0) == 99999);
+    CHECK(file.token(2) == 65536);
+    CHECK(file.token(3) == 70000);
+    CHECK(file.special().cls == -1);
+    CHECK(file.special().mask == -1);
+    // 128 + 5 x 4 = 148 bytes of header and tokens, padded to 152, then 3 offsets.
+    CHECK(files::file_size(dir / "b.tokens") == 152 + 24);
+    file.verify();
+  }
+  SECTION("explicit 4-byte tokens for a small vocabulary") {
+    TokenFileOptions options = small_vocab();
+    options.token_bytes = 4;
+    write_token_file(dir / "c.tokens", kSmallCorpus, options);
+    const TokenFile file(dir / "c.tokens");
+    CHECK(file.token_bytes() == 4);
+    CHECK(file.token(4) == 21);
+  }
+}
+
+TEST_CASE("The token file writer is atomic and checks its input", "[data][tokens]") {
+  TempDir dir;
+  const std::string path = dir / "corpus.tokens";
+  write_token_file(path, {{5, 6, 7}}, small_vocab());
+  const std::vector<uint8_t> original = read_bytes(path);
+
+  {  // abandoned before finish(): the old file stays, no temporary file is left behind
+    TokenFileWriter writer(path, small_vocab());
+    writer.add_document(std::vector<int64_t>{8, 9});
+  }
+  CHECK(read_bytes(path) == original);
+  CHECK(files::list_directory(dir.path) == std::vector<std::string>{"corpus.tokens"});
+
+  {  // a token outside the vocabulary: that document is rejected, the writer still works
+    TokenFileWriter writer(path, small_vocab());
+    writer.add_document(std::vector<int64_t>{8, 9});
+    try {
+      writer.add_document(std::vector<int64_t>{5, 30});
+      FAIL("expected std::invalid_argument");
+    } catch (const std::invalid_argument& e) {
+      CHECK_THAT(std::string(e.what()), Contains(path) && Contains("document 1, position 1") &&
+                                            Contains("token 30 is outside the vocabulary [0, 30)"));
+    }
+    CHECK_THROWS_AS(writer.add_document(std::vector<int64_t>{-1}), std::invalid_argument);
+    writer.add_document(std::vector<int64_t>{10});
+    writer.finish();
+    CHECK_THROWS_AS(writer.add_document(std::vector<int64_t>{10}), std::logic_error);
+  }
+  const TokenFile file(path);
+  CHECK(file.num_documents() == 2);
+  CHECK(file.num_tokens() == 3);
+  CHECK(files::list_directory(dir.path) == std::vector<std::string>{"corpus.tokens"});
+
+  TokenFileOptions bad = small_vocab();
+  bad.vocab_size = 0;
+  CHECK_THROWS_AS(TokenFileWriter(dir / "x.tokens", bad), std::invalid_argument);
+  bad = small_vocab(70000);
+  bad.token_bytes = 2;
+  CHECK_THROWS_AS(TokenFileWriter(dir / "x.tokens", bad), std::invalid_argument);
+  bad = small_vocab();
+  bad.token_bytes = 3;
+  CHECK_THROWS_AS(TokenFileWriter(dir / "x.tokens", bad), std::invalid_argument);
+  bad = small_vocab();
+  bad.special.mask = 30;
+  CHECK_THROWS_AS(TokenFileWriter(dir / "x.tokens", bad), std::invalid_argument);
+  CHECK_FALSE(files::exists(dir / "x.tokens"));
+  // The directory is created when missing.
+  write_token_file(dir / "sub/dir/y.tokens", {{5}}, small_vocab());
+  CHECK(TokenFile(dir / "sub/dir/y.tokens").num_tokens() == 1);
+}
+
+TEST_CASE("Truncated and corrupt token files are errors naming the file", "[data][tokens]") {
+  TempDir dir;
+  const std::string good = dir / "good.tokens";
+  write_token_file(good, kSmallCorpus, small_vocab());
+  const std::vector<uint8_t> bytes = read_bytes(good);
+  REQUIRE(bytes.size() == 176);
+  const std::string bad = dir / "bad.tokens";
+
+  auto error_for = [&](const std::vector<uint8_t>& content) {
+    write_bytes(bad, content);
+    return data_error([&] { TokenFile file(bad); });
+  };
+  auto cut = [&](size_t size) { return std::vector<uint8_t>(bytes.begin(), bytes.begin() + size); };
+  auto patched = [&](auto&& patch) {
+    std::vector<uint8_t> copy = bytes;
+    patch(copy);
+    return copy;
+  };
+
+  CHECK_THAT(data_error([&] { TokenFile file(dir / "missing.tokens"); }),
+             Contains(dir / "missing.tokens") && Contains("cannot open"));
+  CHECK_THAT(data_error([&] { TokenFile file(dir.path); }), Contains("not a regular file"));
+  CHECK_THAT(error_for({}), Contains(bad) && Contains("truncated token file: 0 bytes"));
+  CHECK_THAT(error_for(cut(100)), Contains(bad) && Contains("truncated token file: 100 bytes"));
+  CHECK_THAT(error_for(cut(170)), Contains(bad) && Contains("truncated") && Contains("expected 176 bytes") &&
+                                      Contains("found 170 bytes"));
+  CHECK_THAT(error_for(cut(130)), Contains("truncated"));
+  std::vector<uint8_t> longer = bytes;
+  longer.push_back(0);
+  CHECK_THAT(error_for(longer), Contains("trailing data"));
+  CHECK_THAT(error_for(patched([](auto& b) { b[0] = 'X'; })), Contains(bad) && Contains("bad magic"));
+  CHECK_THAT(error_for(std::vector<uint8_t>{'h', 'e', 'l', 'l', 'o', ' ', 'w', 'o', 'r', 'l', 'd'}),
+             Contains("bad magic"));
+  CHECK_THAT(error_for(patched([](auto& b) { put_u32(b, 8, 2); })), Contains("unsupported token file version 2"));
+  CHECK_THAT(error_for(patched([](auto& b) { put_u32(b, 12, 3); })), Contains("token size 3 bytes"));
+  CHECK_THAT(error_for(patched([](auto& b) { put_u64(b, 32, 70000); })), Contains("vocab_size 70000"));
+  CHECK_THAT(error_for(patched([](auto& b) { put_u64(b, 16, 9); })), Contains("corrupt header: index_offset"));
+  CHECK_THAT(error_for(patched([](auto& b) { put_u64(b, 24, 4); })), Contains("truncated"));
+  CHECK_THAT(error_for(patched([](auto& b) { put_u64(b, 16, uint64_t{1} << 62); })), Contains("implausible"));
+  CHECK_THAT(error_for(patched([](auto& b) { put_u32(b, 64, 31); })), Contains("special id cls = 31"));
+  // The index: 128 + 16 bytes of tokens, then offsets 0, 3, 3, 8.
+  CHECK_THAT(error_for(patched([](auto& b) { put_u64(b, 144, 1); })), Contains("offsets[0] is not 0"));
+  CHECK_THAT(error_for(patched([](auto& b) { put_u64(b, 152, 4); })),
+             Contains("corrupt index: document 1 ends at token 3, before its start 4"));
+  CHECK_THAT(error_for(patched([](auto& b) { put_u64(b, 168, 7); })),
+             Contains("the documents end at token 7, not at the 8 tokens"));
+
+  // Damage the header's checksum cannot see structurally: verify() finds it, and a token outside
+  // the vocabulary is reported when it is read.
+  write_bytes(bad, patched([](auto& b) { b[128 + 2 * 4] = 29; }));
+  const TokenFile flipped(bad);
+  CHECK_THAT(data_error([&] { flipped.verify(); }), Contains(bad) && Contains("checksum mismatch"));
+  write_bytes(bad, patched([](auto& b) { b[128 + 2 * 4] = 200; }));
+  const TokenFile out_of_vocab(bad);
+  CHECK_THAT(data_error([&] { out_of_vocab.token(4); }),
+             Contains(bad) && Contains("token 200 at position 4 is outside the vocabulary [0, 30)"));
+  TokenDataset dataset(dataset_options(bad, 6));
+  CHECK_THAT(data_error([&] { dataset.get(1, 0); }), Contains(bad) && Contains("token 200"));
+}
+
+TEST_CASE("Vocab files give the size, the special ids and the bracketed tokens", "[data][tokens]") {
+  TempDir dir;
+  std::ofstream(dir / "vocab.txt") << "[PAD]\n[unused0]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\n##s\n[\n]\r\nlast";
+  const VocabInfo vocab = read_vocab_file(dir / "vocab.txt");
+  CHECK(vocab.size == 11);
+  CHECK(vocab.special.pad == 0);
+  CHECK(vocab.special.unk == 2);
+  CHECK(vocab.special.cls == 3);
+  CHECK(vocab.special.sep == 4);
+  CHECK(vocab.special.mask == 5);
+  CHECK(vocab.bracketed == std::vector<int64_t>{0, 1, 2, 3, 4, 5});
+  std::ofstream(dir / "empty.txt") << "";
+  CHECK_THAT(data_error([&] { read_vocab_file(dir / "empty.txt"); }), Contains("empty vocab file"));
+  CHECK_THAT(data_error([&] { read_vocab_file(dir / "none.txt"); }), Contains(dir / "none.txt"));
+}
+
+// ---- samples ------------------------------------------------------------------------------------
+
+TEST_CASE("Packed samples run across documents with [SEP] between them", "[data][tokens]") {
+  TempDir dir;
+  write_token_file(dir / "c.tokens", kSmallCorpus, small_vocab());
+  // seq_len 6: bodies of 4 stream tokens; the stream 10 11 12 S S 20 21 22 23 24 S has 11.
+  const TokenDataset packed(dataset_options(dir / "c.tokens", 6));
+  REQUIRE(packed.size() == 3);
+  CHECK(as_vector(packed.tokens(0)) == std::vector<int64_t>{kCls, 10, 11, 12, kSep, kSep});
+  CHECK(as_vector(packed.tokens(1)) == std::vector<int64_t>{kCls, kSep, 20, 21, 22, kSep});
+  CHECK(as_vector(packed.tokens(2)) == std::vector<int64_t>{kCls, 23, 24, kSep, kSep, kPad});
+  CHECK_THROWS_AS(packed.tokens(3), std::out_of_range);
+  CHECK(packed.input_shape() == std::vector<int64_t>{6});
+  CHECK(packed.num_classes() == 30);
+  CHECK_THAT(packed.describe(), Contains("8 tokens in 3 documents") && Contains("3 samples of 6 tokens (packed)"));
+
+  // One long sample holds everything.
+  const TokenDataset whole(dataset_options(dir / "c.tokens", 16));
+  REQUIRE(whole.size() == 1);
+  CHECK(as_vector(whole.tokens(0)) ==
+        std::vector<int64_t>{kCls, 10, 11, 12, kSep, kSep, 20, 21, 22, 23, 24, kSep, kSep, kPad, kPad, kPad});
+
+  // One sample per document, cut to seq_len - 2 and padded.
+  const TokenDataset documents(dataset_options(dir / "c.tokens", 5, /*pack=*/false));
+  REQUIRE(documents.size() == 3);
+  CHECK(as_vector(documents.tokens(0)) == std::vector<int64_t>{kCls, 10, 11, 12, kSep});
+  CHECK(as_vector(documents.tokens(1)) == std::vector<int64_t>{kCls, kSep, kPad, kPad, kPad});
+  CHECK(as_vector(documents.tokens(2)) == std::vector<int64_t>{kCls, 20, 21, 22, kSep});
+
+  // get(): the target is -100 except at the selected positions, which hold the original token;
+  // special positions are never selected.
+  for (int64_t i = 0; i < packed.size(); ++i) {
+    for (uint64_t seed = 0; seed < 50; ++seed) {
+      const Example example = packed.get(i, seed);
+      const std::vector<int64_t> original = as_vector(packed.tokens(i));
+      const std::vector<int64_t> input = as_vector(example.input);
+      const std::vector<int64_t> target = as_vector(example.target);
+      CHECK(example.input.scalar_type() == torch::kLong);
+      CHECK(example.target.scalar_type() == torch::kLong);
+      int64_t selected = 0;
+      for (size_t p = 0; p < original.size(); ++p) {
+        if (target[p] == kIgnoreIndex) {
+          CHECK(input[p] == original[p]);
+        } else {
+          ++selected;
+          CHECK(target[p] == original[p]);
+          CHECK(original[p] >= 5);
+        }
+        if (original[p] < 5) CHECK(target[p] == kIgnoreIndex);
+      }
+      CHECK(selected >= 1);  // at least one prediction when the sample has a word
+    }
+  }
+}
+
+TEST_CASE("Special ids come from the options, else the file; missing ones are errors", "[data][tokens]") {
+  TempDir dir;
+  TokenFileOptions bare;
+  bare.vocab_size = 30;
+  write_token_file(dir / "bare.tokens", kSmallCorpus, bare);
+  CHECK_THAT(data_error([&] { TokenDataset d(dataset_options(dir / "bare.tokens", 8)); }),
+             Contains(dir / "bare.tokens") && Contains("no [CLS] token id") && Contains("data.cls_id"));
+
+  TokenDatasetOptions options = dataset_options(dir / "bare.tokens", 8);
+  options.special = SpecialTokens{29, -1, 28, 27, -1};
+  CHECK_THAT(data_error([&] { TokenDataset d(options); }), Contains("no [MASK] token id"));
+  options.mlm.mask_token_prob = 0.0;  // no [MASK] needed then
+  options.mlm.random_token_prob = 0.5;
+  const TokenDataset without_mask(options);
+  CHECK(without_mask.special().mask == -1);
+  CHECK(as_vector(without_mask.tokens(0)).front() == 28);
+  options.special.mask = 26;
+  options.mlm = MlmOptions{};
+  const TokenDataset explicit_ids(options);
+  CHECK(explicit_ids.special().pad == 29);
+  CHECK(as_vector(explicit_ids.tokens(1)).back() == 29);
+
+  // A larger configured vocabulary is fine, a smaller one is not.
+  write_token_file(dir / "c.tokens", kSmallCorpus, small_vocab());
+  TokenDatasetOptions larger = dataset_options(dir / "c.tokens", 8);
+  larger.vocab_size = 64;
+  CHECK(TokenDataset(larger).num_classes() == 64);
+  larger.vocab_size = 20;
+  CHECK_THAT(data_error([&] { TokenDataset d(larger); }), Contains("more than the configured vocab_size 20"));
+  // An explicit id overrides the file's.
+  TokenDatasetOptions override_cls = dataset_options(dir / "c.tokens", 8);
+  override_cls.special.cls = 7;
+  CHECK(as_vector(TokenDataset(override_cls).tokens(0)).front() == 7);
+
+  write_token_file(dir / "empty.tokens", {{}, {}}, small_vocab());
+  CHECK_THAT(data_error([&] { TokenDataset d(dataset_options(dir / "empty.tokens", 8)); }),
+             Contains("holds no tokens"));
+}
+
+// ---- masking ------------------------------------------------------------------------------------
+
+TEST_CASE("MLM masking rates: 15% selected, 80/10/10, special tokens never touched", "[data][tokens]") {
+  TempDir dir;
+  constexpr int64_t kVocab = 1000;
+  write_token_file(dir / "big.tokens", random_corpus(1500, 5, kVocab, 17), small_vocab(kVocab));
+  const TokenDataset dataset(dataset_options(dir / "big.tokens", 128));
+  REQUIRE(dataset.size() > 1000);
+
+  int64_t eligible = 0, selected = 0, masked = 0, randomized = 0, unchanged = 0, special_positions = 0;
+  double random_sum = 0.0;
+  int64_t selected_first_half = 0, selected_second_half = 0;
+  for (int64_t i = 0; i < dataset.size(); ++i) {
+    const std::vector<int64_t> original = as_vector(dataset.tokens(i));
+    const Example example = dataset.get(i, sample_seed(3, 0, i));
+    const std::vector<int64_t> input = as_vector(example.input);
+    const std::vector<int64_t> target = as_vector(example.target);
+    for (size_t p = 0; p < original.size(); ++p) {
+      if (original[p] < 5) {  // [CLS], [SEP], [PAD]
+        ++special_positions;
+        CHECK(target[p] == kIgnoreIndex);
+        CHECK(input[p] == original[p]);
+        continue;
+      }
+      ++eligible;
+      if (target[p] == kIgnoreIndex) {
+        REQUIRE(input[p] == original[p]);
+        continue;
+      }
+      ++selected;
+      (p < 64 ? selected_first_half : selected_second_half) += 1;
+      REQUIRE(target[p] == original[p]);
+      if (input[p] == kMask) {
+        ++masked;
+      } else if (input[p] == original[p]) {
+        ++unchanged;  // also the rare random draw of the original token
+      } else {
+        ++randomized;
+        CHECK(input[p] >= 5);  // random replacements are never special
+        CHECK(input[p] < kVocab);
+        random_sum += static_cast<double>(input[p]);
+      }
+    }
+  }
+  REQUIRE(eligible > 100000);
+  CHECK(special_positions > 0);
+  const double selected_rate = static_cast<double>(selected) / static_cast<double>(eligible);
+  const double mask_rate = static_cast<double>(masked) / static_cast<double>(selected);
+  const double random_rate = static_cast<double>(randomized) / static_cast<double>(selected);
+  const double unchanged_rate = static_cast<double>(unchanged) / static_cast<double>(selected);
+  INFO("selected " << selected_rate << " mask " << mask_rate << " random " << random_rate << " unchanged "
+                   << unchanged_rate);
+  CHECK(selected_rate == Approx(0.15).margin(0.003));
+  CHECK(mask_rate == Approx(0.80).margin(0.01));
+  CHECK(random_rate == Approx(0.10).margin(0.01));
+  CHECK(unchanged_rate == Approx(0.10).margin(0.01));
+  // Random replacements are uniform over the words 5..999 (mean 502), positions uniform too.
+  CHECK(random_sum / static_cast<double>(randomized) == Approx(502.0).margin(25.0));
+  CHECK(static_cast<double>(selected_first_half) / static_cast<double>(selected) == Approx(0.5).margin(0.02));
+}
+
+TEST_CASE("MLM masking is a function of the sample seed", "[data][tokens]") {
+  TempDir dir;
+  write_token_file(dir / "c.tokens", random_corpus(50, 5, 200, 5), small_vocab(200));
+  const TokenDataset dataset(dataset_options(dir / "c.tokens", 64));
+  for (int64_t i : {0, 7, 21}) {
+    const Example a = dataset.get(i, 42);
+    const Example b = dataset.get(i, 42);
+    CHECK(torch::equal(a.input, b.input));
+    CHECK(torch::equal(a.target, b.target));
+    const Example c = dataset.get(i, 43);
+    CHECK_FALSE(torch::equal(a.target, c.target));
+  }
+  // The same masker on a tensor gives the same as through the dataset.
+  const Example direct = dataset.masker().apply(dataset.tokens(7), 42);
+  CHECK(torch::equal(direct.input, dataset.get(7, 42).input));
+  CHECK(torch::equal(direct.target, dataset.get(7, 42).target));
+
+  // Through the loader: the same batches for 0, 1 and 3 workers, and per epoch new masks.
+  auto epoch = [&](int64_t workers, int64_t number) {
+    LoaderOptions options;
+    options.batch_size = 4;
+    options.workers = workers;
+    options.seed = 9;
+    options.drop_last = false;
+    Loader loader(std::make_shared<TokenDataset>(dataset_options(dir / "c.tokens", 64)), options);
+    loader.start({number, 0});
+    std::vector<Batch> batches;
+    while (std::optional<Batch> batch = loader.next()) batches.push_back(*batch);
+    return batches;
+  };
+  const std::vector<Batch> reference = epoch(0, 1);
+  REQUIRE(reference.size() == static_cast<size_t>((dataset.size() + 3) / 4));
+  CHECK(reference[0].input.sizes().vec() == std::vector<int64_t>{4, 64});
+  CHECK(reference[0].target.sizes().vec() == std::vector<int64_t>{4, 64});
+  for (int64_t workers : {1, 3}) {
+    const std::vector<Batch> batches = epoch(workers, 1);
+    REQUIRE(batches.size() == reference.size());
+    for (size_t b = 0; b < batches.size(); ++b) {
+      INFO("workers " << workers << " batch " << b);
+      CHECK(torch::equal(batches[b].input, reference[b].input));
+      CHECK(torch::equal(batches[b].target, reference[b].target));
+    }
+  }
+  CHECK_FALSE(torch::equal(epoch(0, 2)[0].target, reference[0].target));
+}
+
+TEST_CASE("MlmMasker draws random tokens uniformly from the non-special ids", "[data][tokens]") {
+  MlmOptions options;
+  options.mask_prob = 1.0;
+  options.mask_token_prob = 0.0;
+  options.random_token_prob = 1.0;
+  // Specials in any order, repeated, or outside the vocabulary (ignored).
+  const MlmMasker masker(options, 12, -1, {9, 0, 3, 3, 40, -1});
+  CHECK(masker.is_special(0));
+  CHECK(masker.is_special(9));
+  CHECK_FALSE(masker.is_special(1));
+  std::map<int64_t, int64_t> counts;
+  constexpr int64_t kLength = 9000;
+  std::vector<int64_t> ids(kLength, 5);
+  std::vector<int64_t> targets(kLength);
+  masker.apply(ids.data(), targets.data(), kLength, 1);
+  for (int64_t p = 0; p < kLength; ++p) {
+    CHECK(targets[p] == 5);
+    ++counts[ids[p]];
+  }
+  // 9 ordinary ids: 1 2 4 5 6 7 8 10 11, about 1000 draws each.
+  CHECK(counts.size() == 9);
+  for (const auto& [id, count] : counts) {
+    INFO("id " << id);
+    CHECK_FALSE(masker.is_special(id));
+    CHECK(count > 850);
+    CHECK(count < 1150);
+  }
+
+  // A sequence of special tokens only: nothing selected.
+  std::vector<int64_t> specials = {0, 3, 9};
+  std::vector<int64_t> special_targets(3);
+  masker.apply(specials.data(), special_targets.data(), 3, 1);
+  CHECK(specials == std::vector<int64_t>{0, 3, 9});
+  CHECK(special_targets == std::vector<int64_t>(3, kIgnoreIndex));
+
+  CHECK_THROWS_AS(MlmMasker(MlmOptions{0.0, 0.8, 0.1}, 12, 4, {}), std::invalid_argument);
+  CHECK_THROWS_AS(MlmMasker(MlmOptions{0.15, 0.8, 0.3}, 12, 4, {}), std::invalid_argument);
+  CHECK_THROWS_AS(MlmMasker(MlmOptions{}, 12, 12, {}), std::invalid_argument);
+  CHECK_THROWS_AS(MlmMasker(MlmOptions{}, 2, 1, {0, 1}), std::invalid_argument);
+}
+
+// ---- config and factory -------------------------------------------------------------------------
+
+TEST_CASE("data.kind: tokens builds MLM datasets from the config", "[data][tokens]") {
+  TempDir dir;
+  // A vocab file whose special ids differ from what the token file records.
+  std::ofstream(dir / "vocab.txt") << "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n[unused0]\n[unused1]\n"
+                                   << "a\nb\nc\nd\ne\nf\ng\nh\ni\nj\nk\nl\nm\nn\no\np\nq\nr\ns\nt\nu\nv\nw\n";
+  TokenFileOptions bare;
+  bare.vocab_size = 30;
+  write_token_file(dir / "train.tokens", random_corpus(40, 7, 30, 1), bare);
+  write_token_file(dir / "held_out.tokens", random_corpus(10, 7, 30, 2), bare);
+
+  const std::string required = "model: {name: bert-tiny}\ntrainer: {global_batch: 8, epochs: 1}\n";
+  const train::Config config = train::parse_config(
+      required + "data:\n  kind: tokens\n  root: " + dir.path +
+          "\n  val_tokens: held_out.tokens\n  vocab_file: vocab.txt\n  seq_len: 32\n",
+      "mlm.yaml");
+  CHECK(config.data.train_tokens == "train.tokens");
+  CHECK(config.data.mask_prob == 0.15);
+  CHECK(config.data.mask_token_prob == 0.8);
+  CHECK(config.data.random_token_prob == 0.1);
+  CHECK(config.data.pack);
+  CHECK(config.data.on_error == "raise");
+
+  const DatasetPtr train = make_dataset(config.data, Split::Train);
+  const DatasetPtr val = make_dataset(config.data, Split::Val);
+  CHECK(train->input_shape() == std::vector<int64_t>{32});
+  CHECK(train->num_classes() == 30);
+  const auto& tokens = dynamic_cast<const TokenDataset&>(*train);
+  CHECK(tokens.special().cls == 2);
+  CHECK(tokens.special().mask == 4);
+  CHECK(tokens.file().path() == dir / "train.tokens");
+  CHECK(dynamic_cast<const TokenDataset&>(*val).file().path() == dir / "held_out.tokens");
+  // [unused0] and [unused1] are never drawn as random replacements.
+  CHECK(tokens.masker().is_special(5));
+  CHECK(tokens.masker().is_special(6));
+  CHECK_FALSE(tokens.masker().is_special(7));
+
+  train::DataConfig data = config.data;
+  data.vocab_file.clear();
+  data.cls_id = 2;
+  data.sep_id = 3;
+  data.pad_id = 0;
+  CHECK_THAT(data_error([&] { make_dataset(data, Split::Train); }), Contains("no [MASK] token id"));
+  data.mask_id = 4;
+  data.pack = false;
+  data.train_tokens = dir / "train.tokens";  // absolute: root is not prepended
+  data.root = "/nonexistent";
+  CHECK(make_dataset(data, Split::Train)->size() == 40);
+  data.train_tokens = "missing.tokens";
+  CHECK_THAT(data_error([&] { make_dataset(data, Split::Train); }), Contains("/nonexistent/missing.tokens"));
+
+  auto config_error = [&](const std::string& yaml) {
+    try {
+      train::parse_config(required + yaml, "mlm.yaml");
+    } catch (const train::ConfigError& e) {
+      return std::string(e.what());
+    }
+    FAIL("expected a ConfigError for " << yaml);
+    return std::string();
+  };
+  CHECK_THAT(config_error("data:\n  kind: tokens\n  mask_token_prob: 0.9\n  random_token_prob: 0.2\n"),
+             Contains("mlm.yaml:6:22") && Contains("key 'data.random_token_prob'") && Contains("<= 1"));
+  CHECK_THAT(config_error("data: {kind: tokens, seq_len: 2}\n"), Contains("key 'data.seq_len'"));
+  CHECK_THAT(config_error("data: {kind: tokens, mask_prob: 0}\n"), Contains("key 'data.mask_prob'"));
+  CHECK_THAT(config_error("data: {kind: tokens, cls_id: -2}\n"), Contains("key 'data.cls_id'"));
+  CHECK_THAT(config_error("data: {kind: tokens, uint8: true}\n"),
+             Contains("key 'data.uint8'") && Contains("only image_folder"));
+  CHECK_THAT(config_error("data: {kind: tokens, on_error: ignore}\n"),
+             Contains("key 'data.on_error'") && Contains("raise, skip"));
+}
