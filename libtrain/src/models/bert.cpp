@@ -233,6 +233,12 @@ torch::Tensor BertModel::forward(const torch::Tensor& input) {
   return hidden;
 }
 
+torch::Tensor BertModel::random_input(const std::vector<int64_t>& shape, const torch::TensorOptions& options) const {
+  // Ids in [1, vocab), those up to pad_id moved down by one: every id but pad_id is equally likely.
+  auto ids = torch::randint(1, options_.vocab_size, shape, options.dtype(torch::kLong));
+  return ids - ids.le(options_.pad_id).to(torch::kLong);
+}
+
 ModelPtr make_bert(BertHead head, const ModelConfig& config) {
   BertOptions o = BertOptions::preset(config.preset);
   auto pick = [](int64_t value, int64_t& field) {

@@ -106,6 +106,10 @@ bool has_model(const std::string& name) {
   return r.entries.count(name) > 0;
 }
 
+torch::Tensor Model::random_input(const std::vector<int64_t>& shape, const torch::TensorOptions& options) const {
+  return torch::randn(shape, options);
+}
+
 int64_t count_parameters(const torch::nn::Module& module) {
   int64_t total = 0;
   for (const auto& parameter : module.parameters(/*recurse=*/true)) total += parameter.numel();

@@ -76,6 +76,8 @@ class BertModel : public Model {
 
   // input: int64 ids [B, T] (T <= max_positions). Returns what the head gives (see BertHead).
   torch::Tensor forward(const torch::Tensor& input) override;
+  // Ids uniform over the vocab except the pad id (the probe's inputs).
+  torch::Tensor random_input(const std::vector<int64_t>& shape, const torch::TensorOptions& options) const override;
 
   // Last hidden states [B, T, H]. `token_type_ids` may be undefined (all 0); `attention_mask`
   // ([B, T], nonzero = attend) may be undefined (derived from input != pad_id).
