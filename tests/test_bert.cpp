@@ -96,6 +96,8 @@ TEST_CASE("BERT heads: shapes, tied decoder, padding", "[bert]") {
   CHECK(torch::allclose(short_out, long_out, 1e-5, 1e-5));
   // An explicit mask gives the same as the derived one.
   CHECK(torch::allclose(enc.encode(padded, {}, padded.ne(0)), enc.forward(padded)));
+  // A row of only padding stays finite (the mask is the lowest finite value, not -inf).
+  CHECK(torch::isfinite(enc.forward(torch::zeros({2, 4}, torch::kLong))).all().item<bool>());
   // Token types change the result.
   CHECK_FALSE(torch::allclose(enc.encode(ids, torch::ones_like(ids)), short_out));
   CHECK_THROWS(enc.forward(torch::randint(1, 100, {1, 33}, torch::kLong)));  // > max_positions

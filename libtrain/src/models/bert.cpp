@@ -23,6 +23,17 @@ torch::nn::LayerNorm make_norm(int64_t size, double eps) {
   return torch::nn::LayerNorm(torch::nn::LayerNormOptions({size}).eps(eps));
 }
 
+// Additive attention mask [B, 1, 1, T] in `dtype`: 0 where attended, the dtype's lowest finite
+// value where padded. Finite (not -inf), so a row of only padding gets uniform weights instead of
+// NaN, as in Hugging Face's BertModel; per dtype, because float's lowest overflows fp16 to -inf.
+torch::Tensor additive_mask(const torch::Tensor& keep, c10::ScalarType dtype) {
+  const double lowest = dtype == torch::kHalf       ? -65504.0
+                        : dtype == torch::kBFloat16 ? -3.3895313892515355e38
+                        : dtype == torch::kDouble   ? std::numeric_limits<double>::lowest()
+                                                    : std::numeric_limits<float>::lowest();
+  return torch::zeros(keep.sizes(), keep.options().dtype(dtype)).masked_fill(keep.logical_not(), lowest);
+}
+
 // A plain container, so that names nest as in Hugging Face's modules (`attention.self.query`).
 struct Container : torch::nn::Module {};
 
@@ -49,13 +60,13 @@ class BertLayer : public torch::nn::Module {
     dropout_ = register_module("dropout", torch::nn::Dropout(o.dropout));
   }
 
-  // x [B, T, H]; mask [B, 1, 1, T] additive (0 or the dtype's lowest value).
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& mask) {
+  // x [B, T, H]; keep [B, 1, 1, T] bool, true where a key may be attended.
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& keep) {
     const int64_t b = x.size(0), t = x.size(1);
     auto split = [&](const torch::Tensor& y) { return y.view({b, t, heads_, head_dim_}).transpose(1, 2); };
     const auto q = split(query_(x)), k = split(key_(x)), v = split(value_(x));
     const double p = is_training() ? attention_dropout_ : 0.0;
-    const auto m = mask.to(q.scalar_type());
+    const auto m = additive_mask(keep, q.scalar_type());
     torch::Tensor context;
     if (*attention_ == BertAttention::kFused) {
 #if TRAIN_TORCH_AT_LEAST(2, 0)
@@ -202,13 +213,9 @@ torch::Tensor BertModel::encode(const torch::Tensor& input_ids, const torch::Ten
                                     : token_type_->weight[0].view({1, 1, -1}));
   x = embedding_dropout_(embedding_norm_(x));
 
-  const torch::Tensor keep = attention_mask.defined() ? attention_mask.ne(0) : ids.ne(options_.pad_id);
-  // Additive mask [B, 1, 1, T]: 0 where attended, the lowest finite value where padded (a row of
-  // only padding then gets uniform weights instead of NaN, as in Hugging Face's BertModel).
-  auto mask = torch::zeros(keep.sizes(), x.options().dtype(torch::kFloat))
-                  .masked_fill(keep.logical_not(), std::numeric_limits<float>::lowest())
-                  .view({keep.size(0), 1, 1, t});
-  for (const auto& layer : *layers_) x = layer->as<BertLayer>()->forward(x, mask);
+  const torch::Tensor keep =
+      (attention_mask.defined() ? attention_mask.ne(0) : ids.ne(options_.pad_id)).view({ids.size(0), 1, 1, t});
+  for (const auto& layer : *layers_) x = layer->as<BertLayer>()->forward(x, keep);
   return x;
 }
 
