@@ -197,8 +197,27 @@ std::vector<Key> build_schema() {
       model("init_strict", &M::init_strict,
             "init_from must match the model key for key and shape for shape; false = load the matching "
             "tensors and list the skipped and missing ones in a warning"),
+      model("preset", &M::preset,
+            "BERT sizes: bert-base (L12 H768 A12), bert-small (L4 H512 A8), bert-mini (L4 H256 A4), "
+            "bert-tiny (L2 H128 A2), minilm-l6 (L6 H384 A12); vocab 30522, 512 positions")
+          .one_of({"bert-base", "bert-small", "bert-mini", "bert-tiny", "minilm-l6"}),
+      model("vocab_size", &M::vocab_size, "BERT: vocabulary size (must match the vocab file); 0 = the preset's")
+          .at_least(0),
+      model("hidden_size", &M::hidden_size, "BERT: hidden size; 0 = the preset's").at_least(0),
+      model("layers", &M::layers, "BERT: encoder layers; 0 = the preset's").at_least(0),
+      model("heads", &M::heads, "BERT: attention heads (divides hidden_size); 0 = the preset's").at_least(0),
+      model("intermediate_size", &M::intermediate_size,
+            "BERT: feed-forward size; 0 = the preset's (4 x hidden_size when hidden_size is set)")
+          .at_least(0),
+      model("max_positions", &M::max_positions, "BERT: position embeddings (longest sequence); 0 = the preset's")
+          .at_least(0),
+      model("dropout", &M::dropout, "BERT: hidden and attention dropout").at_least(0).below(1),
+      model("attention", &M::attention,
+            "BERT: fused = scaled_dot_product_attention (LibTorch 2.0+), plain = written-out softmax "
+            "attention, auto = fused where available")
+          .one_of({"auto", "fused", "plain"}),
 
-      data("kind", &D::kind, "dataset kind").one_of({"idx", "synthetic", "image_folder", "tokens"}),
+      data("kind", &D::kind, "dataset kind").one_of({"idx", "synthetic", "image_folder", "tokens", "tsv"}),
       data("root", &D::root,
            "directory with the dataset files (required when kind is idx or image_folder)"),
       data("train_images", &D::train_images, "idx: training images file in root; .gz is tried too"),
@@ -247,9 +266,9 @@ std::vector<Key> build_schema() {
            "tokens: training token file (format in train/data/token_file.h); relative to root"),
       data("val_tokens", &D::val_tokens, "tokens: validation token file; relative to root"),
       data("vocab_file", &D::vocab_file,
-           "tokens: BERT vocab.txt giving vocab_size and the [PAD] [UNK] [CLS] [SEP] [MASK] ids; "
+           "tokens, tsv: BERT vocab.txt giving vocab_size and the [PAD] [UNK] [CLS] [SEP] [MASK] ids; "
            "relative to root; empty = from the token file"),
-      data("seq_len", &D::seq_len, "tokens: tokens per sample, [CLS] and [SEP] included").at_least(3),
+      data("seq_len", &D::seq_len, "tokens, tsv: tokens per sample, [CLS] and [SEP] included (tsv: longer texts are truncated)").at_least(3),
       data("pack", &D::pack,
            "tokens: concatenate documents into full sequences; false = one padded sample per document"),
       data("vocab_size", &D::vocab_size,
@@ -274,6 +293,9 @@ std::vector<Key> build_schema() {
            "tokens: share of the selected replaced by a random non-special token; the rest stay unchanged")
           .at_least(0)
           .at_most(1),
+      data("train_tsv", &D::train_tsv, "tsv: training file in root, one text<TAB>label per line"),
+      data("val_tsv", &D::val_tsv, "tsv: validation file in root; its labels must be among train_tsv's"),
+      data("lowercase", &D::lowercase, "tsv: uncased vocab (lower-case and strip accents before WordPiece)"),
 
       optim("name", &O::name, "optimizer").one_of({"sgd", "adamw"}),
       optim("lr", &O::lr, "learning rate for global_batch (before any plan scaling)").above(0),
@@ -854,7 +876,9 @@ Config ConfigBuilder::validated() const {
          "data.mean has " + std::to_string(data.mean.size()) + " entries and data.std has " +
              std::to_string(data.std.size()) + "; they must have the same length");
   }
-  if ((data.kind == "idx" || data.kind == "image_folder") && data.root.empty())
+  if (data.kind == "tsv" && data.vocab_file.empty())
+    fail(where_set("data.vocab_file"), "data.vocab_file", "required when data.kind is 'tsv' (a BERT vocab.txt)");
+  if ((data.kind == "idx" || data.kind == "image_folder" || data.kind == "tsv") && data.root.empty())
     fail(where_set("data.root"), "data.root",
          "required when data.kind is '" + data.kind + "' (the directory with the dataset files)");
   if (data.uint8 && data.kind != "image_folder")
@@ -970,7 +994,7 @@ std::string config_reference() {
   out << "# Configuration reference\n\n"
       << "Required: " << join(required, ", ")
       << ", at least one of `trainer.epochs` / `trainer.max_steps` > 0, and `data.root` when "
-      << "`data.kind` is `idx` or `image_folder`. "
+      << "`data.kind` is `idx`, `image_folder` or `tsv` (which also needs `data.vocab_file`). "
       << "Every other key has the default shown. Any key can be overridden on the command line "
       << "with `--set section.key=value`.\n";
   for (const SectionInfo& section : kSections) {

@@ -239,7 +239,7 @@ class ProbeSession {
         optimizer_(make_optimizer(options.optim, model, options.optim.lr)) {
     std::vector<int64_t> shape{batch};
     shape.insert(shape.end(), options.input_shape.begin(), options.input_shape.end());
-    input_ = torch::randn(shape, torch::TensorOptions().device(device));
+    input_ = model.random_input(shape, torch::TensorOptions().device(device));
     if (options.channels_last && input_.dim() == 4) input_ = input_.contiguous(torch::MemoryFormat::ChannelsLast);
   }
 

@@ -21,10 +21,20 @@ struct ModelConfig {
   bool small_input = false;      // 3x3 stride-1 stem without max-pool, for 28x28 / 32x32 images
   std::string init_from;         // optional checkpoint or .safetensors file whose weights initialise the run
   bool init_strict = true;       // init_from must match the model key for key and shape for shape
+  // BERT (bert, bert-mlm, bert-classifier): a size preset, then overrides; 0 = the preset's value.
+  std::string preset = "bert-base";  // bert-base | bert-small | bert-mini | bert-tiny | minilm-l6
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t layers = 0;
+  int64_t heads = 0;
+  int64_t intermediate_size = 0;  // 0 = the preset's, or 4 x hidden_size when that is set
+  int64_t max_positions = 0;
+  double dropout = 0.1;          // hidden and attention-probability dropout
+  std::string attention = "auto";  // auto | fused | plain
 };
 
 struct DataConfig {
-  std::string kind = "idx";      // idx | synthetic | image_folder | tokens
+  std::string kind = "idx";      // idx | synthetic | image_folder | tokens | tsv
   std::string root;              // directory with the dataset files (idx, image_folder)
   std::string train_images = "train-images-idx3-ubyte";   // file stems; ".gz" is tried too
   std::string train_labels = "train-labels-idx1-ubyte";
@@ -64,6 +74,11 @@ struct DataConfig {
   double mask_prob = 0.15;       // MLM: share of non-special tokens selected
   double mask_token_prob = 0.8;  // of the selected: replaced by [MASK]
   double random_token_prob = 0.1;  // of the selected: replaced by a random token
+  // tsv (train/text/tsv_dataset.h): text<TAB>label files in root, WordPiece-encoded with
+  // vocab_file (required) and seq_len
+  std::string train_tsv = "train.tsv";
+  std::string val_tsv = "val.tsv";
+  bool lowercase = true;         // tsv: uncased vocab (lower-case and strip accents)
 };
 
 struct OptimConfig {

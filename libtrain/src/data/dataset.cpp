@@ -2,6 +2,7 @@
 #include <train/config.h>
 #include <train/data/dataset.h>
 #include <train/data/factory.h>
+#include <train/text/tsv_dataset.h>
 #include <train/data/idx.h>
 #include <train/data/image_folder.h>
 #include <train/data/synthetic.h>
@@ -412,8 +413,9 @@ DatasetPtr make_dataset(const DataConfig& config, Split split) {
   if (config.kind == "idx") return make_idx(config, split);
   if (config.kind == "image_folder") return make_image_folder(config, split);
   if (config.kind == "tokens") return make_tokens(config, split);
+  if (config.kind == "tsv") return text::make_tsv_dataset(config, split == Split::Train);
   throw ConfigError("data.kind: unknown kind '" + config.kind +
-                    "' (expected idx | synthetic | image_folder | tokens)");
+                    "' (expected idx | synthetic | image_folder | tokens | tsv)");
 }
 
 }  // namespace train::data

@@ -12,6 +12,7 @@
 #include "train/config.h"
 #include "train/errors.h"
 #include "train/models/model.h"
+#include "train/models/bert.h"
 #include "train/models/resnet.h"
 
 namespace train::models {
@@ -32,6 +33,12 @@ struct Registry {
                            "ResNet-34 (torchvision layout, BasicBlock x [3, 4, 6, 3])"};
     entries["resnet50"] = {[](const ModelConfig& c) { return make_resnet(50, c); },
                            "ResNet-50 v1.5 (torchvision layout, Bottleneck x [3, 4, 6, 3])"};
+    entries["bert"] = {[](const ModelConfig& c) { return make_bert(BertHead::kNone, c); },
+                       "BERT encoder (Hugging Face BertModel names); returns hidden states"};
+    entries["bert-mlm"] = {[](const ModelConfig& c) { return make_bert(BertHead::kMaskedLM, c); },
+                           "BERT with the masked-LM head (logits [B, T, vocab]; sizes from model.preset)"};
+    entries["bert-classifier"] = {[](const ModelConfig& c) { return make_bert(BertHead::kClassifier, c); },
+                                  "BERT with the pooler and a sequence-classification head (model.num_classes)"};
   }
 
   std::mutex mutex;
@@ -97,6 +104,10 @@ bool has_model(const std::string& name) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   return r.entries.count(name) > 0;
+}
+
+torch::Tensor Model::random_input(const std::vector<int64_t>& shape, const torch::TensorOptions& options) const {
+  return torch::randn(shape, options);
 }
 
 int64_t count_parameters(const torch::nn::Module& module) {

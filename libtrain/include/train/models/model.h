@@ -22,6 +22,9 @@ class Model : public torch::nn::Module {
   virtual bool has_batch_stats() const { return false; }
   // True for conv nets (channels_last and cudnn choices).
   virtual bool is_convolutional() const { return false; }
+  // A random input batch of `shape` ([batch, input_shape...]) for the plan's probe: standard
+  // normal floats by default; token models return valid ids.
+  virtual torch::Tensor random_input(const std::vector<int64_t>& shape, const torch::TensorOptions& options) const;
 };
 
 using ModelPtr = std::shared_ptr<Model>;

@@ -1,0 +1,298 @@
+// The BERT example's data tools. Training itself runs through `train fit` with
+// configs/bert_tiny_mlm.yaml, configs/bert_base_mlm.yaml or configs/minilm_finetune.yaml.
+//
+//   bert_example prepare [--fortunes DIR] [--out DIR] [--vocab-size N] [--val-every K]
+//       Reads Debian's fortunes corpus (/usr/share/games/fortunes: one file per category,
+//       fortunes separated by lines "%"), holds out every K-th fortune of each file (default 10),
+//       and writes into OUT (default data/fortunes):
+//         vocab.txt                 a WordPiece vocab learned from the training fortunes
+//         train.tokens, val.tokens  every fortune pretokenized with it (the MLM corpus)
+//         train.tsv, val.tsv        text<TAB>category for the topic-classification task
+//         uncased/                  with --uncased-vocab VOCAB: the same split pretokenized with a
+//                                   standard BERT vocab (vocab.txt, train.tokens, val.tokens)
+//   bert_example pretokenize --vocab VOCAB --out FILE.tokens [--separator LINE] [--cased] TEXT...
+//       Any corpus: documents are separated by lines equal to LINE (default: every non-empty
+//       line is a document).
+//   bert_example baselines [--data DIR]
+//       The baselines the trained models must beat: the most-frequent-token accuracy of MLM on
+//       val.tokens and the majority-class accuracy on val.tsv.
+//
+// Exit codes: 0 success, 1 runtime failure, 2 bad usage or bad input (a message names the file).
+#include <train/data/token_file.h>
+#include <train/errors.h>
+#include <train/files.h>
+#include <train/text/tsv_dataset.h>
+#include <train/text/wordpiece.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+using train::text::WordPieceTokenizer;
+
+// The topics of the classification task: fortune files with distinct subjects.
+const std::vector<std::string> kCategories = {"art",     "computers", "education", "food",    "law",
+                                              "love",    "medicine",  "politics",  "science", "sports"};
+
+struct Fortune {
+  std::string category;
+  std::string text;  // lines joined by '\n'
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw train::DataError(path + ": cannot open (" + std::strerror(errno) + ")");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Documents of a text file: separated by lines equal to `separator`, or every non-empty line.
+std::vector<std::string> split_documents(const std::string& text, const std::string& separator) {
+  std::vector<std::string> docs;
+  std::istringstream in(text);
+  std::string line, current;
+  auto flush = [&]() {
+    if (current.find_first_not_of(" \t\r\n") != std::string::npos) docs.push_back(current);
+    current.clear();
+  };
+  while (std::getline(in, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (separator.empty()) {
+      current = line;
+      flush();
+    } else if (line == separator) {
+      flush();
+    } else {
+      current += (current.empty() ? "" : "\n") + line;
+    }
+  }
+  flush();
+  return docs;
+}
+
+// One line for a TSV cell: whitespace runs (tabs and newlines included) become one space.
+std::string one_line(const std::string& text) {
+  std::string out;
+  bool space = false;
+  for (char c : text) {
+    if (c == ' ' || c == '\t' || c == '\n' || c == '\r') {
+      space = !out.empty();
+    } else {
+      if (space) out.push_back(' ');
+      space = false;
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
+std::vector<int64_t> encode_document(const WordPieceTokenizer& tok, const std::string& text) {
+  const std::vector<int32_t> ids = tok.tokenize_ids(text);
+  return {ids.begin(), ids.end()};
+}
+
+train::data::TokenFileOptions token_file_options(const WordPieceTokenizer& tok) {
+  train::data::TokenFileOptions o;
+  o.vocab_size = tok.vocab().size();
+  o.special.pad = tok.pad_id();
+  o.special.unk = tok.unk_id();
+  o.special.cls = tok.cls_id();
+  o.special.sep = tok.sep_id();
+  o.special.mask = tok.mask_id();
+  return o;
+}
+
+struct Args {
+  std::map<std::string, std::string> options;
+  std::vector<std::string> positional;
+};
+
+Args parse(int argc, char** argv, int first, const std::vector<std::string>& valued,
+           const std::vector<std::string>& flags) {
+  Args a;
+  for (int i = first; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (std::find(valued.begin(), valued.end(), arg) != valued.end()) {
+      if (i + 1 >= argc) throw train::UsageError(arg + " needs a value");
+      a.options[arg] = argv[++i];
+    } else if (std::find(flags.begin(), flags.end(), arg) != flags.end()) {
+      a.options[arg] = "1";
+    } else if (arg.size() > 1 && arg[0] == '-') {
+      throw train::UsageError("unknown option " + arg);
+    } else {
+      a.positional.push_back(arg);
+    }
+  }
+  return a;
+}
+
+int64_t int_option(const Args& a, const std::string& name, int64_t fallback, int64_t min) {
+  const auto it = a.options.find(name);
+  if (it == a.options.end()) return fallback;
+  try {
+    size_t used = 0;
+    const int64_t v = std::stoll(it->second, &used);
+    if (used == it->second.size() && v >= min) return v;
+  } catch (const std::exception&) {
+  }
+  throw train::UsageError(name + " must be an integer >= " + std::to_string(min) + ", got '" + it->second + "'");
+}
+
+std::string option(const Args& a, const std::string& name, const std::string& fallback) {
+  const auto it = a.options.find(name);
+  return it == a.options.end() ? fallback : it->second;
+}
+
+int prepare(int argc, char** argv) {
+  const Args a = parse(argc, argv, 2, {"--fortunes", "--out", "--vocab-size", "--val-every", "--uncased-vocab"}, {});
+  const std::string root = option(a, "--fortunes", "/usr/share/games/fortunes");
+  const std::string out = option(a, "--out", "data/fortunes");
+  const int64_t vocab_size = int_option(a, "--vocab-size", 8000, 100);
+  const int64_t val_every = int_option(a, "--val-every", 10, 2);
+  if (!train::files::is_directory(root)) {
+    throw train::DataError(root + ": no fortunes corpus here (apt-get install fortunes, or pass --fortunes DIR)");
+  }
+  std::vector<Fortune> train_set, val_set;
+  for (const auto& name : train::files::list_directory(root)) {
+    const std::string path = train::files::join(root, name);
+    // Category files have no extension; .dat are indexes and .u8 links to the same text.
+    if (name.find('.') != std::string::npos || !train::files::is_regular_file(path)) continue;
+    const auto docs = split_documents(read_file(path), "%");
+    for (size_t i = 0; i < docs.size(); ++i)
+      (static_cast<int64_t>(i % val_every) == val_every - 1 ? val_set : train_set).push_back({name, docs[i]});
+  }
+  if (train_set.empty()) throw train::DataError(root + ": no fortunes found (expected files of texts separated by '%' lines)");
+  train::files::make_directories(out);
+
+  train::text::VocabBuilderOptions vb;
+  vb.vocab_size = vocab_size;
+  train::text::VocabBuilder builder(vb);
+  for (const auto& f : train_set) builder.add_text(f.text);
+  const train::text::Vocab vocab = builder.build();
+  vocab.save(train::files::join(out, "vocab.txt"));
+  const WordPieceTokenizer tok(vocab);
+
+  int64_t tokens = 0;
+  for (const auto& [split, set] : {std::make_pair("train", &train_set), std::make_pair("val", &val_set)}) {
+    train::data::TokenFileWriter writer(train::files::join(out, std::string(split) + ".tokens"), token_file_options(tok));
+    for (const auto& f : *set) writer.add_document(encode_document(tok, f.text));
+    writer.finish();
+    tokens += writer.num_tokens();
+    std::ofstream tsv(train::files::join(out, std::string(split) + ".tsv"), std::ios::binary | std::ios::trunc);
+    int64_t rows = 0;
+    for (const auto& f : *set) {
+      if (std::find(kCategories.begin(), kCategories.end(), f.category) == kCategories.end()) continue;
+      const std::string text = one_line(f.text);
+      if (text.empty()) continue;
+      tsv << text << '\t' << f.category << '\n';
+      ++rows;
+    }
+    if (!tsv.flush()) throw train::Error(out + "/" + split + ".tsv: write failed");
+    std::cout << split << ": " << set->size() << " fortunes (" << writer.num_tokens() << " tokens), " << rows
+              << " classification rows\n";
+  }
+  // The same split with a standard uncased BERT vocab (bert-base-sized models).
+  if (a.options.count("--uncased-vocab")) {
+    const std::string dir = train::files::join(out, "uncased");
+    train::files::make_directories(dir);
+    const auto standard = WordPieceTokenizer::from_file(a.options.at("--uncased-vocab"));
+    standard.vocab().save(train::files::join(dir, "vocab.txt"));
+    for (const auto& [split, set] : {std::make_pair("train", &train_set), std::make_pair("val", &val_set)}) {
+      train::data::TokenFileWriter writer(train::files::join(dir, std::string(split) + ".tokens"),
+                                          token_file_options(standard));
+      for (const auto& f : *set) writer.add_document(encode_document(standard, f.text));
+      writer.finish();
+      std::cout << split << " (uncased vocab " << standard.vocab().size() << "): " << writer.num_tokens() << " tokens\n";
+    }
+  }
+  std::cout << "vocab: " << vocab.size() << " tokens learned from " << builder.distinct_words()
+            << " distinct words; " << tokens << " tokens in all; written to " << out << "\n";
+  return 0;
+}
+
+int pretokenize(int argc, char** argv) {
+  const Args a = parse(argc, argv, 2, {"--vocab", "--out", "--separator"}, {"--cased"});
+  if (!a.options.count("--vocab") || !a.options.count("--out") || a.positional.empty())
+    throw train::UsageError("usage: bert_example pretokenize --vocab VOCAB --out FILE.tokens [--separator LINE] [--cased] TEXT...");
+  train::text::WordPieceOptions wp;
+  wp.basic.lowercase = !a.options.count("--cased");
+  const WordPieceTokenizer tok = WordPieceTokenizer::from_file(a.options.at("--vocab"), wp);
+  train::data::TokenFileWriter writer(a.options.at("--out"), token_file_options(tok));
+  for (const auto& path : a.positional)
+    for (const auto& doc : split_documents(read_file(path), option(a, "--separator", "")))
+      writer.add_document(encode_document(tok, doc));
+  writer.finish();
+  std::cout << writer.num_documents() << " documents, " << writer.num_tokens() << " tokens -> " << writer.path() << "\n";
+  return 0;
+}
+
+int baselines(int argc, char** argv) {
+  const Args a = parse(argc, argv, 2, {"--data"}, {});
+  const std::string dir = option(a, "--data", "data/fortunes");
+  // MLM: masked positions are drawn uniformly from the non-special tokens, so always guessing the
+  // training set's most frequent token scores its share of the validation set's tokens.
+  const auto vocab = train::text::Vocab::load(train::files::join(dir, "vocab.txt"));
+  auto is_special = [&](int64_t id) { return vocab.token(id).size() > 2 && vocab.token(id)[0] == '['; };
+  auto counts = [&](const std::string& name) {
+    train::data::TokenFile file(train::files::join(dir, name));
+    std::vector<int64_t> c(static_cast<size_t>(vocab.size()), 0);
+    for (int64_t i = 0; i < file.num_tokens(); ++i) {
+      const int64_t id = file.token(i);
+      if (!is_special(id)) ++c[static_cast<size_t>(id)];
+    }
+    return c;
+  };
+  const auto train_counts = counts("train.tokens");
+  const auto val_counts = counts("val.tokens");
+  const auto top = std::max_element(train_counts.begin(), train_counts.end()) - train_counts.begin();
+  int64_t val_total = 0;
+  for (int64_t c : val_counts) val_total += c;
+  std::cout << std::fixed << std::setprecision(2) << "MLM most-frequent-token baseline: '" << vocab.token(top) << "' = "
+            << 100.0 * static_cast<double>(val_counts[static_cast<size_t>(top)]) / static_cast<double>(val_total)
+            << "% of " << val_total << " validation tokens\n";
+
+  const auto classes = train::text::read_tsv_classes(train::files::join(dir, "train.tsv"));
+  std::map<std::string, int64_t> train_labels, val_labels;
+  for (const auto& [name, target] : {std::make_pair("train.tsv", &train_labels), std::make_pair("val.tsv", &val_labels)}) {
+    std::ifstream in(train::files::join(dir, name));
+    for (std::string line; std::getline(in, line);)
+      if (const size_t tab = line.rfind('\t'); tab != std::string::npos) ++(*target)[line.substr(tab + 1)];
+  }
+  const auto majority = std::max_element(train_labels.begin(), train_labels.end(),
+                                         [](const auto& x, const auto& y) { return x.second < y.second; });
+  int64_t val_rows = 0;
+  for (const auto& [label, n] : val_labels) val_rows += n;
+  std::cout << "classification majority-class baseline: '" << majority->first << "' = "
+            << 100.0 * static_cast<double>(val_labels[majority->first]) / static_cast<double>(val_rows) << "% of "
+            << val_rows << " validation texts (" << classes.size() << " classes)\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string usage = "usage: bert_example prepare|pretokenize|baselines [options] (see examples/bert/main.cpp)";
+  try {
+    if (argc < 2) throw train::UsageError(usage);
+    const std::string command = argv[1];
+    if (command == "prepare") return prepare(argc, argv);
+    if (command == "pretokenize") return pretokenize(argc, argv);
+    if (command == "baselines") return baselines(argc, argv);
+    throw train::UsageError("unknown command '" + command + "'; " + usage);
+  } catch (const train::Error& e) {
+    std::cerr << "bert_example: " << e.what() << "\n";
+    return e.exit_code();
+  } catch (const std::exception& e) {
+    std::cerr << "bert_example: " << e.what() << "\n";
+    return train::kExitRuntime;
+  }
+}

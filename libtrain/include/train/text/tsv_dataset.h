@@ -1,0 +1,63 @@
+#pragma once
+// Sentence classification from a TSV file: one example per line, `text<TAB>label` (the label is
+// the text after the last tab). Texts are WordPiece-encoded once, when the file is read, as
+// [CLS] text [SEP] truncated to max_length. A sample is its ids padded with [PAD] to max_length;
+// collate() trims a batch to its longest sequence (dynamic padding), so the model sees
+// [B, longest] and derives the attention mask from the padding id.
+#include <train/data/dataset.h>
+#include <train/text/wordpiece.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace train {
+struct DataConfig;
+}
+
+namespace train::text {
+
+struct TsvDatasetOptions {
+  std::string path;
+  std::shared_ptr<const WordPieceTokenizer> tokenizer;
+  int64_t max_length = 128;          // tokens per sample, [CLS] and [SEP] included
+  // Label names in class-index order. Empty: the sorted distinct labels of this file. Give the
+  // training file's classes when reading a validation file; an unknown label is then an error.
+  std::vector<std::string> classes;
+};
+
+class TsvDataset : public data::Dataset {
+ public:
+  // Throws DataError naming the file (and line) when it cannot be read, a line has no tab, an
+  // empty text or label, or a label outside `classes`; std::invalid_argument for bad options.
+  explicit TsvDataset(TsvDatasetOptions options);
+
+  int64_t size() const override { return static_cast<int64_t>(labels_.size()); }
+  data::Example get(int64_t index, uint64_t seed) const override;
+  data::Batch collate(std::vector<data::Example>&& examples) const override;
+  std::vector<int64_t> input_shape() const override { return {options_.max_length}; }
+  int64_t num_classes() const override { return static_cast<int64_t>(options_.classes.size()); }
+  std::string describe() const override;
+
+  const std::vector<std::string>& classes() const { return options_.classes; }
+  const std::vector<int64_t>& labels() const { return labels_; }
+  // Share of samples cut by max_length.
+  double truncated_fraction() const;
+
+ private:
+  TsvDatasetOptions options_;
+  std::vector<int32_t> ids_;         // all sequences back to back
+  std::vector<int64_t> offsets_;     // sequence i is ids_[offsets_[i], offsets_[i + 1])
+  std::vector<int64_t> labels_;
+  int64_t truncated_ = 0;
+};
+
+// The sorted distinct labels of a TSV file (what TsvDataset uses when given no classes).
+std::vector<std::string> read_tsv_classes(const std::string& path);
+
+// data.kind: tsv. Reads root/train_tsv or root/val_tsv with the vocab in data.vocab_file
+// (uncased unless data.lowercase is false) and data.seq_len; validation labels are indexed by
+// the training file's classes.
+data::DatasetPtr make_tsv_dataset(const DataConfig& config, bool train_split);
+
+}  // namespace train::text

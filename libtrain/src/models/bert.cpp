@@ -1,0 +1,272 @@
+#include "train/models/bert.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+#include "compat.h"
+
+namespace train::models {
+namespace {
+
+torch::nn::Linear make_linear(int64_t in, int64_t out, double std) {
+  torch::nn::Linear linear(torch::nn::LinearOptions(in, out));
+  torch::NoGradGuard no_grad;
+  linear->weight.normal_(0.0, std);
+  linear->bias.zero_();
+  return linear;
+}
+
+torch::nn::LayerNorm make_norm(int64_t size, double eps) {
+  return torch::nn::LayerNorm(torch::nn::LayerNormOptions({size}).eps(eps));
+}
+
+// Additive attention mask [B, 1, 1, T] in `dtype`: 0 where attended, the dtype's lowest finite
+// value where padded. Finite (not -inf), so a row of only padding gets uniform weights instead of
+// NaN, as in Hugging Face's BertModel; per dtype, because float's lowest overflows fp16 to -inf.
+torch::Tensor additive_mask(const torch::Tensor& keep, c10::ScalarType dtype) {
+  const double lowest = dtype == torch::kHalf       ? -65504.0
+                        : dtype == torch::kBFloat16 ? -3.3895313892515355e38
+                        : dtype == torch::kDouble   ? std::numeric_limits<double>::lowest()
+                                                    : std::numeric_limits<float>::lowest();
+  return torch::zeros(keep.sizes(), keep.options().dtype(dtype)).masked_fill(keep.logical_not(), lowest);
+}
+
+// A plain container, so that names nest as in Hugging Face's modules (`attention.self.query`).
+struct Container : torch::nn::Module {};
+
+// One post-LN encoder layer: x = LN(x + Attn(x)); x = LN(x + FFN(x)).
+class BertLayer : public torch::nn::Module {
+ public:
+  BertLayer(const BertOptions& o, BertAttention* attention)
+      : heads_(o.num_heads), head_dim_(o.hidden_size / o.num_heads), attention_dropout_(o.attention_dropout),
+        attention_(attention) {
+    const int64_t h = o.hidden_size;
+    auto attn = register_module("attention", std::make_shared<Container>());
+    auto self = attn->register_module("self", std::make_shared<Container>());
+    query_ = self->register_module("query", make_linear(h, h, o.init_std));
+    key_ = self->register_module("key", make_linear(h, h, o.init_std));
+    value_ = self->register_module("value", make_linear(h, h, o.init_std));
+    auto attn_out = attn->register_module("output", std::make_shared<Container>());
+    attn_dense_ = attn_out->register_module("dense", make_linear(h, h, o.init_std));
+    attn_norm_ = attn_out->register_module("LayerNorm", make_norm(h, o.layer_norm_eps));
+    auto inter = register_module("intermediate", std::make_shared<Container>());
+    inter_dense_ = inter->register_module("dense", make_linear(h, o.intermediate_size, o.init_std));
+    auto out = register_module("output", std::make_shared<Container>());
+    out_dense_ = out->register_module("dense", make_linear(o.intermediate_size, h, o.init_std));
+    out_norm_ = out->register_module("LayerNorm", make_norm(h, o.layer_norm_eps));
+    dropout_ = register_module("dropout", torch::nn::Dropout(o.dropout));
+  }
+
+  // x [B, T, H]; keep [B, 1, 1, T] bool, true where a key may be attended.
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& keep) {
+    const int64_t b = x.size(0), t = x.size(1);
+    auto split = [&](const torch::Tensor& y) { return y.view({b, t, heads_, head_dim_}).transpose(1, 2); };
+    const auto q = split(query_(x)), k = split(key_(x)), v = split(value_(x));
+    const double p = is_training() ? attention_dropout_ : 0.0;
+    const auto m = additive_mask(keep, q.scalar_type());
+    torch::Tensor context;
+    if (*attention_ == BertAttention::kFused) {
+#if TRAIN_TORCH_AT_LEAST(2, 0)
+      context = at::scaled_dot_product_attention(q, k, v, m, p, /*is_causal=*/false);
+#else
+      throw std::logic_error("BERT: fused attention needs LibTorch 2.0 or newer");
+#endif
+    } else {
+      auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim_)) + m;
+      auto probs = torch::softmax(scores, -1);
+      if (p > 0) probs = torch::dropout(probs, p, /*train=*/true);
+      context = torch::matmul(probs, v);
+    }
+    context = context.transpose(1, 2).reshape({b, t, heads_ * head_dim_});
+    auto h = attn_norm_(dropout_(attn_dense_(context)) + x);
+    auto ffn = out_dense_(torch::gelu(inter_dense_(h)));
+    return out_norm_(dropout_(ffn) + h);
+  }
+
+ private:
+  int64_t heads_, head_dim_;
+  double attention_dropout_;
+  BertAttention* attention_;  // owned by the model, so one switch changes every layer
+  torch::nn::Linear query_{nullptr}, key_{nullptr}, value_{nullptr}, attn_dense_{nullptr};
+  torch::nn::LayerNorm attn_norm_{nullptr}, out_norm_{nullptr};
+  torch::nn::Linear inter_dense_{nullptr}, out_dense_{nullptr};
+  torch::nn::Dropout dropout_{nullptr};
+};
+
+void validate(const BertOptions& o) {
+  auto positive = [](int64_t v, const char* what) {
+    if (v < 1) throw std::invalid_argument(std::string("BERT: ") + what + " must be >= 1, got " + std::to_string(v));
+  };
+  positive(o.vocab_size, "vocab_size");
+  positive(o.hidden_size, "hidden_size");
+  positive(o.num_layers, "num_layers");
+  positive(o.num_heads, "num_heads");
+  positive(o.intermediate_size, "intermediate_size");
+  positive(o.max_positions, "max_positions");
+  positive(o.type_vocab_size, "type_vocab_size");
+  if (o.hidden_size % o.num_heads != 0) {
+    throw std::invalid_argument("BERT: hidden_size " + std::to_string(o.hidden_size) +
+                                " is not a multiple of num_heads " + std::to_string(o.num_heads));
+  }
+  if (o.pad_id < 0 || o.pad_id >= o.vocab_size) {
+    throw std::invalid_argument("BERT: pad_id " + std::to_string(o.pad_id) + " is outside the vocab");
+  }
+  if (o.head == BertHead::kClassifier) positive(o.num_labels, "num_labels");
+  if (!(o.dropout >= 0 && o.dropout < 1) || !(o.attention_dropout >= 0 && o.attention_dropout < 1)) {
+    throw std::invalid_argument("BERT: dropout must be in [0, 1)");
+  }
+  if (o.attention == BertAttention::kFused && !bert_fused_attention_available()) {
+    throw std::invalid_argument("BERT: fused attention (scaled_dot_product_attention) needs LibTorch 2.0+; this is " +
+                                compat::torch_version());
+  }
+}
+
+}  // namespace
+
+bool bert_fused_attention_available() { return TRAIN_TORCH_AT_LEAST(2, 0); }
+
+BertOptions BertOptions::preset(const std::string& name) {
+  BertOptions o;
+  auto size = [&o](int64_t layers, int64_t hidden, int64_t heads) {
+    o.num_layers = layers;
+    o.hidden_size = hidden;
+    o.num_heads = heads;
+    o.intermediate_size = 4 * hidden;
+  };
+  if (name == "bert-base") size(12, 768, 12);
+  else if (name == "bert-small") size(4, 512, 8);
+  else if (name == "bert-mini") size(4, 256, 4);
+  else if (name == "bert-tiny") size(2, 128, 2);
+  else if (name == "minilm-l6") size(6, 384, 12);
+  else throw std::invalid_argument("BERT: unknown preset '" + name + "'");
+  return o;
+}
+
+std::vector<std::string> BertOptions::preset_names() {
+  return {"bert-base", "bert-small", "bert-mini", "bert-tiny", "minilm-l6"};
+}
+
+BertModel::BertModel(const BertOptions& options) : options_(options) {
+  validate(options_);
+  const auto& o = options_;
+  const int64_t h = o.hidden_size;
+  embeddings_ = register_module("embeddings", std::make_shared<Container>());
+  word_ = embeddings_->register_module(
+      "word_embeddings", torch::nn::Embedding(torch::nn::EmbeddingOptions(o.vocab_size, h).padding_idx(o.pad_id)));
+  position_ = embeddings_->register_module("position_embeddings", torch::nn::Embedding(o.max_positions, h));
+  token_type_ = embeddings_->register_module("token_type_embeddings", torch::nn::Embedding(o.type_vocab_size, h));
+  embedding_norm_ = embeddings_->register_module("LayerNorm", make_norm(h, o.layer_norm_eps));
+  embedding_dropout_ = embeddings_->register_module("dropout", torch::nn::Dropout(o.dropout));
+  {
+    torch::NoGradGuard no_grad;
+    for (auto* e : {&word_, &position_, &token_type_}) (*e)->weight.normal_(0.0, o.init_std);
+    word_->weight[o.pad_id].zero_();
+  }
+  encoder_ = register_module("encoder", std::make_shared<Container>());
+  layers_ = encoder_->register_module("layer", torch::nn::ModuleList());
+  for (int64_t i = 0; i < o.num_layers; ++i) layers_->push_back(std::make_shared<BertLayer>(o, &options_.attention));
+  if (o.pooler && o.head != BertHead::kMaskedLM) {
+    pooler_ = register_module("pooler", std::make_shared<Container>());
+    pooler_dense_ = pooler_->register_module("dense", make_linear(h, h, o.init_std));
+  }
+  if (o.head == BertHead::kMaskedLM) {
+    cls_ = register_module("cls", std::make_shared<Container>());
+    auto predictions = cls_->register_module("predictions", std::make_shared<Container>());
+    mlm_bias_ = predictions->register_parameter("bias", torch::zeros({o.vocab_size}));
+    auto transform = predictions->register_module("transform", std::make_shared<Container>());
+    transform_dense_ = transform->register_module("dense", make_linear(h, h, o.init_std));
+    transform_norm_ = transform->register_module("LayerNorm", make_norm(h, o.layer_norm_eps));
+  }
+  if (o.head == BertHead::kClassifier) {
+    if (!pooler_) throw std::invalid_argument("BERT: the classifier head needs the pooler");
+    classifier_dropout_ = register_module("dropout", torch::nn::Dropout(o.dropout));
+    classifier_ = register_module("classifier", make_linear(h, o.num_labels, o.init_std));
+  }
+  set_attention(o.attention);
+}
+
+BertAttention BertModel::attention() const { return options_.attention; }
+
+void BertModel::set_attention(BertAttention attention) {
+  if (attention == BertAttention::kAuto) {
+    attention = bert_fused_attention_available() ? BertAttention::kFused : BertAttention::kPlain;
+  }
+  if (attention == BertAttention::kFused && !bert_fused_attention_available()) {
+    throw std::invalid_argument("BERT: fused attention needs LibTorch 2.0+; this is " + compat::torch_version());
+  }
+  options_.attention = attention;  // the layers read it through a pointer
+}
+
+torch::Tensor BertModel::encode(const torch::Tensor& input_ids, const torch::Tensor& token_type_ids,
+                                const torch::Tensor& attention_mask) {
+  TORCH_CHECK(input_ids.dim() == 2, "BERT: input ids must be [batch, tokens], got ", input_ids.sizes());
+  TORCH_CHECK(!input_ids.is_floating_point(), "BERT: input ids must be integers, got ", input_ids.scalar_type());
+  const int64_t t = input_ids.size(1);
+  TORCH_CHECK(t <= options_.max_positions, "BERT: ", t, " tokens exceed max_positions ", options_.max_positions);
+  const auto ids = input_ids.to(torch::kLong);
+  const auto positions = torch::arange(t, ids.options()).unsqueeze(0);
+  auto x = word_(ids) + position_(positions);
+  x = x + (token_type_ids.defined() ? token_type_(token_type_ids.to(torch::kLong))
+                                    : token_type_->weight[0].view({1, 1, -1}));
+  x = embedding_dropout_(embedding_norm_(x));
+
+  const torch::Tensor keep =
+      (attention_mask.defined() ? attention_mask.ne(0) : ids.ne(options_.pad_id)).view({ids.size(0), 1, 1, t});
+  for (const auto& layer : *layers_) x = layer->as<BertLayer>()->forward(x, keep);
+  return x;
+}
+
+torch::Tensor BertModel::pool(const torch::Tensor& hidden) {
+  TORCH_CHECK(pooler_dense_, "BERT: this model has no pooler");
+  return torch::tanh(pooler_dense_(hidden.select(1, 0)));
+}
+
+torch::Tensor BertModel::mlm_logits(const torch::Tensor& hidden) {
+  TORCH_CHECK(transform_dense_, "BERT: this model has no MLM head");
+  auto h = transform_norm_(torch::gelu(transform_dense_(hidden)));
+  return torch::nn::functional::linear(h, word_->weight, mlm_bias_);
+}
+
+torch::Tensor BertModel::forward(const torch::Tensor& input) {
+  auto hidden = encode(input);
+  switch (options_.head) {
+    case BertHead::kNone: return hidden;
+    case BertHead::kMaskedLM: return mlm_logits(hidden);
+    case BertHead::kClassifier: return classifier_(classifier_dropout_(pool(hidden)));
+  }
+  return hidden;
+}
+
+torch::Tensor BertModel::random_input(const std::vector<int64_t>& shape, const torch::TensorOptions& options) const {
+  // Ids in [1, vocab), those up to pad_id moved down by one: every id but pad_id is equally likely.
+  auto ids = torch::randint(1, options_.vocab_size, shape, options.dtype(torch::kLong));
+  return ids - ids.le(options_.pad_id).to(torch::kLong);
+}
+
+ModelPtr make_bert(BertHead head, const ModelConfig& config) {
+  BertOptions o = BertOptions::preset(config.preset);
+  auto pick = [](int64_t value, int64_t& field) {
+    if (value > 0) field = value;
+  };
+  pick(config.vocab_size, o.vocab_size);
+  pick(config.hidden_size, o.hidden_size);
+  pick(config.layers, o.num_layers);
+  pick(config.heads, o.num_heads);
+  pick(config.intermediate_size, o.intermediate_size);
+  if (config.hidden_size > 0 && config.intermediate_size == 0) o.intermediate_size = 4 * o.hidden_size;
+  pick(config.max_positions, o.max_positions);
+  o.dropout = config.dropout;
+  o.attention_dropout = config.dropout;
+  o.head = head;
+  o.pooler = head != BertHead::kMaskedLM;
+  o.num_labels = config.num_classes;
+  o.attention = config.attention == "fused"   ? BertAttention::kFused
+                : config.attention == "plain" ? BertAttention::kPlain
+                                              : BertAttention::kAuto;
+  return std::make_shared<BertModel>(o);
+}
+
+}  // namespace train::models

@@ -1,0 +1,299 @@
+#include "testing.h"
+
+#include <fstream>
+
+#include "train/config.h"
+#include "train/data/factory.h"
+#include "train/errors.h"
+#include "train/files.h"
+#include "train/models/bert.h"
+#include "train/safetensors.h"
+#include "train/text/tsv_dataset.h"
+#include "train/models/model.h"
+
+using train::models::BertAttention;
+using train::models::BertHead;
+using train::models::BertModel;
+using train::models::BertOptions;
+
+namespace {
+
+BertOptions tiny(BertHead head) {
+  BertOptions o = BertOptions::preset("bert-tiny");
+  o.vocab_size = 100;
+  o.max_positions = 32;
+  o.head = head;
+  o.pooler = head != BertHead::kMaskedLM;
+  o.num_labels = 3;
+  return o;
+}
+
+std::vector<std::string> names(const torch::nn::Module& m) {
+  std::vector<std::string> out;
+  for (const auto& p : m.named_parameters()) out.push_back(p.key());
+  return out;
+}
+
+bool has(const std::vector<std::string>& v, const std::string& s) { return std::find(v.begin(), v.end(), s) != v.end(); }
+
+}  // namespace
+
+TEST_CASE("BERT parameter counts match Hugging Face's", "[bert]") {
+  BertOptions base = BertOptions::preset("bert-base");
+  base.head = BertHead::kNone;
+  CHECK(train::models::count_parameters(BertModel(base)) == 109482240);  // BertModel
+  base.head = BertHead::kMaskedLM;
+  base.pooler = false;
+  CHECK(train::models::count_parameters(BertModel(base)) == 109514298);  // BertForMaskedLM
+  // all-MiniLM-L6-v2 (BertModel): 22,713,216 parameters.
+  CHECK(train::models::count_parameters(BertModel(BertOptions::preset("minilm-l6"))) == 22713216);
+}
+
+TEST_CASE("BERT parameter names are Hugging Face's", "[bert]") {
+  const auto mlm = names(BertModel(tiny(BertHead::kMaskedLM)));
+  for (const char* n : {"embeddings.word_embeddings.weight", "embeddings.position_embeddings.weight",
+                        "embeddings.token_type_embeddings.weight", "embeddings.LayerNorm.weight",
+                        "encoder.layer.0.attention.self.query.weight", "encoder.layer.1.attention.self.value.bias",
+                        "encoder.layer.0.attention.output.dense.weight", "encoder.layer.0.attention.output.LayerNorm.bias",
+                        "encoder.layer.0.intermediate.dense.weight", "encoder.layer.1.output.dense.bias",
+                        "encoder.layer.1.output.LayerNorm.weight", "cls.predictions.bias",
+                        "cls.predictions.transform.dense.weight", "cls.predictions.transform.LayerNorm.bias"})
+    CHECK(has(mlm, n));
+  CHECK_FALSE(has(mlm, "pooler.dense.weight"));
+  CHECK(mlm.size() == 5 + 2 * 16 + 5);
+  const auto cls = names(BertModel(tiny(BertHead::kClassifier)));
+  CHECK(has(cls, "pooler.dense.weight"));
+  CHECK(has(cls, "classifier.weight"));
+  CHECK(has(cls, "classifier.bias"));
+  CHECK(BertModel(tiny(BertHead::kNone)).named_buffers().size() == 0);
+}
+
+TEST_CASE("BERT heads: shapes, tied decoder, padding", "[bert]") {
+  torch::manual_seed(0);
+  BertModel mlm(tiny(BertHead::kMaskedLM));
+  mlm.eval();
+  const auto ids = torch::randint(5, 100, {3, 10}, torch::kLong);
+  CHECK(mlm.forward(ids).sizes() == std::vector<int64_t>{3, 10, 100});
+  // The decoder is the word-embedding matrix: a change to one shows in the logits.
+  const auto before = mlm.forward(ids).detach().clone();
+  {
+    torch::NoGradGuard no_grad;
+    mlm.named_parameters()["embeddings.word_embeddings.weight"][7] += 1.0;
+  }
+  CHECK_FALSE(torch::allclose(mlm.forward(ids), before));
+
+  BertModel cls(tiny(BertHead::kClassifier));
+  cls.eval();
+  CHECK(cls.forward(ids).sizes() == std::vector<int64_t>{3, 3});
+
+  // Padding (id 0) is masked out: appending pad tokens leaves the real positions unchanged.
+  BertModel enc(tiny(BertHead::kNone));
+  enc.eval();
+  torch::NoGradGuard no_grad;
+  const auto short_out = enc.forward(ids);
+  const auto padded = torch::cat({ids, torch::zeros({3, 5}, torch::kLong)}, 1);
+  const auto long_out = enc.forward(padded).slice(1, 0, 10);
+  CHECK(torch::allclose(short_out, long_out, 1e-5, 1e-5));
+  // An explicit mask gives the same as the derived one.
+  CHECK(torch::allclose(enc.encode(padded, {}, padded.ne(0)), enc.forward(padded)));
+  // A row of only padding stays finite (the mask is the lowest finite value, not -inf).
+  CHECK(torch::isfinite(enc.forward(torch::zeros({2, 4}, torch::kLong))).all().item<bool>());
+  // Token types change the result.
+  CHECK_FALSE(torch::allclose(enc.encode(ids, torch::ones_like(ids)), short_out));
+  CHECK_THROWS(enc.forward(torch::randint(1, 100, {1, 33}, torch::kLong)));  // > max_positions
+}
+
+TEST_CASE("BERT fused and plain attention agree", "[bert]") {
+  torch::manual_seed(1);
+  BertOptions o = BertOptions::preset("bert-mini");
+  o.vocab_size = 200;
+  o.max_positions = 64;
+  BertModel model(o);
+  model.eval();
+  auto ids = torch::randint(1, 200, {4, 48}, torch::kLong);
+  ids.slice(1, 40, 48).zero_();  // some padding
+  ids[3].slice(0, 10, 48).zero_();
+  if (train::models::bert_fused_attention_available()) {
+    CHECK(model.attention() == BertAttention::kFused);  // auto resolves to fused on 2.x
+    torch::NoGradGuard no_grad;
+    const auto fused = model.forward(ids);
+    model.set_attention(BertAttention::kPlain);
+    const auto plain = model.forward(ids);
+    CHECK((fused - plain).abs().max().item<double>() < 1e-5);
+    // Gradients agree too.
+    model.set_attention(BertAttention::kFused);
+  } else {
+    CHECK(model.attention() == BertAttention::kPlain);  // auto resolves to plain on 1.13
+    CHECK_THROWS_AS(model.set_attention(BertAttention::kFused), std::invalid_argument);
+  }
+  if (train::models::bert_fused_attention_available()) {
+    model.train();
+    o.dropout = o.attention_dropout = 0.0;
+    BertModel a(o), b(o);
+    {
+      torch::NoGradGuard no_grad;
+      auto pa = a.parameters(), pb = b.parameters();
+      for (size_t i = 0; i < pa.size(); ++i) pb[i].copy_(pa[i]);
+    }
+    b.set_attention(BertAttention::kPlain);
+    a.forward(ids).pow(2).mean().backward();
+    b.forward(ids).pow(2).mean().backward();
+    auto ga = a.parameters(), gb = b.parameters();
+    double worst = 0;
+    for (size_t i = 0; i < ga.size(); ++i)
+      if (ga[i].grad().defined()) worst = std::max(worst, (ga[i].grad() - gb[i].grad()).abs().max().item<double>());
+    CHECK(worst < 1e-5);
+  }
+}
+
+TEST_CASE("BERT registry builders and config keys", "[bert]") {
+  const train::Config c = train::parse_config(
+      "model: {name: bert-mlm, preset: bert-tiny, vocab_size: 500, max_positions: 64, dropout: 0.0}\n"
+      "data: {kind: synthetic}\ntrainer: {global_batch: 8, max_steps: 1}\n",
+      "bert.yaml");
+  auto model = train::models::make_model(c.model);
+  auto* bert = dynamic_cast<BertModel*>(model.get());
+  REQUIRE(bert);
+  CHECK(bert->options().vocab_size == 500);
+  CHECK(bert->options().hidden_size == 128);
+  CHECK(bert->options().num_layers == 2);
+  CHECK(bert->options().intermediate_size == 512);
+  CHECK(bert->options().head == BertHead::kMaskedLM);
+  CHECK_THROWS_WITH(train::parse_config("model: {name: bert-mlm, preset: bert-huge}\ntrainer: {global_batch: 8, max_steps: 1}\n", "x.yaml"),
+                    Catch::Contains("model.preset"));
+  train::ModelConfig bad = c.model;
+  bad.heads = 3;  // 128 is not a multiple of 3
+  CHECK_THROWS_WITH(train::models::make_model(bad), Catch::Contains("not a multiple of num_heads"));
+}
+
+TEST_CASE("BERT MLM loss falls on a short run", "[bert]") {
+  torch::manual_seed(2);
+  BertOptions o = tiny(BertHead::kMaskedLM);
+  o.dropout = o.attention_dropout = 0.0;
+  BertModel model(o);
+  torch::optim::AdamW opt(model.parameters(), torch::optim::AdamWOptions(1e-3));
+  // Sequences that alternate between two neighbouring ids: a masked token is predictable from
+  // the others.
+  auto batch = [](int64_t step) {
+    auto start = torch::randint(0, 90, {16, 1}, torch::kLong);
+    auto ids = (start + torch::arange(24).unsqueeze(0).remainder(2)).remainder(90) + 5;
+    auto target = torch::full_like(ids, -100);
+    auto mask = torch::rand(ids.sizes()) < 0.15;
+    target.masked_scatter_(mask, ids.masked_select(mask));
+    auto input = ids.masked_fill(mask, 4);  // [MASK]
+    (void)step;
+    return std::make_pair(input, target);
+  };
+  double first = 0, last = 0;
+  for (int64_t step = 0; step < 200; ++step) {
+    auto [input, target] = batch(step);
+    auto logits = model.forward(input);
+    auto loss = torch::nn::functional::cross_entropy(
+        logits.reshape({-1, o.vocab_size}), target.reshape({-1}),
+        torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100));
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+    if (step < 5) first += loss.item<double>() / 5;
+    if (step >= 195) last += loss.item<double>() / 5;
+  }
+  INFO("first " << first << ", last " << last);
+  CHECK(first > 4.0);        // about ln(100) at the start
+  CHECK(last < first - 2.0);  // and clearly falling (transformers' BertForMaskedLM, 4 seeds: 4.6 -> 0.2-0.3)
+}
+
+TEST_CASE("MiniLM hidden states match transformers' BertModel within 1e-4", "[bert][oracle]") {
+  const std::string dir = train::files::make_temp_directory("bert_oracle");
+  REQUIRE(train::testing::run_python("bert_oracle.py", dir) == 0);
+  std::string model_path;
+  std::getline(std::ifstream(dir + "/model_path.txt"), model_path);
+  BertModel model(BertOptions::preset("minilm-l6"));
+  const train::TensorMap weights = train::read_safetensors(model_path);
+  const train::LoadReport report = train::load_state_dict(model, weights, /*strict=*/false, model_path);
+  CHECK(report.missing.empty());
+  CHECK(report.mismatched.empty());
+  // transformers keeps position_ids as a non-persistent buffer; older files still store it.
+  CHECK(report.unexpected == std::vector<std::string>{"embeddings.position_ids"});
+  CHECK(report.loaded.size() == 103);
+  model.eval();
+  torch::NoGradGuard no_grad;
+  const train::TensorMap ref = train::read_safetensors(dir + "/bert_oracle.safetensors");
+  std::vector<BertAttention> paths{BertAttention::kPlain};
+  if (train::models::bert_fused_attention_available()) paths.push_back(BertAttention::kFused);
+  for (const BertAttention path : paths) {
+    model.set_attention(path);
+    const auto hidden = model.encode(ref.at("input_ids"), ref.at("token_type_ids"), ref.at("attention_mask"));
+    const double hidden_error = (hidden - ref.at("last_hidden_state")).abs().max().item<double>();
+    const double pooled_error = (model.pool(hidden) - ref.at("pooler_output")).abs().max().item<double>();
+    INFO("attention " << (path == BertAttention::kFused ? "fused" : "plain") << ": hidden " << hidden_error
+                      << ", pooled " << pooled_error);
+    CHECK(hidden_error < 1e-4);
+    CHECK(pooled_error < 1e-4);
+    // The padding-derived mask equals the tokenizer's attention mask here (pad id 0).
+    const auto derived = model.encode(ref.at("input_ids"), ref.at("token_type_ids"));
+    CHECK((derived - hidden).abs().max().item<double>() == 0.0);
+  }
+  train::files::remove_all(dir);
+}
+
+TEST_CASE("TSV dataset: labels, truncation, dynamic padding, errors name file and line", "[bert][tsv]") {
+  using train::text::TsvDataset;
+  using train::text::TsvDatasetOptions;
+  const std::string dir = train::files::make_temp_directory("tsv");
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir + "/" + name, std::ios::binary) << text;
+    return dir + "/" + name;
+  };
+  auto tok = std::make_shared<const train::text::WordPieceTokenizer>(train::text::Vocab(
+      {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "dog", "sat", "ran", "a", "\t"}));
+  TsvDatasetOptions o;
+  o.tokenizer = tok;
+  o.max_length = 6;
+  o.path = write("train.tsv", "the cat sat\tpets\r\n\nthe\tdog ran\tother\na cat the dog ran sat the\tpets\n");
+  const TsvDataset train_set(o);
+  CHECK(train_set.size() == 3);
+  CHECK(train_set.classes() == std::vector<std::string>{"other", "pets"});
+  CHECK(train_set.labels() == std::vector<int64_t>{1, 0, 1});  // label = text after the last tab
+  CHECK(train_set.get(0, 0).input.equal(torch::tensor({2, 5, 6, 8, 3, 0}, torch::kLong)));
+  CHECK(train_set.get(2, 0).input.equal(torch::tensor({2, 10, 6, 5, 7, 3}, torch::kLong)));  // truncated
+  CHECK(train_set.truncated_fraction() == Approx(1.0 / 3.0));
+  std::vector<train::data::Example> two{train_set.get(0, 0), train_set.get(1, 0)};
+  const auto batch = train_set.collate(std::move(two));
+  CHECK(batch.input.sizes() == std::vector<int64_t>{2, 5});  // trimmed to the longest row
+  CHECK(batch.target.equal(torch::tensor({1, 0}, torch::kLong)));
+
+  TsvDatasetOptions val = o;
+  val.classes = train_set.classes();
+  val.path = write("val.tsv", "the cat\tpets\nthe dog\tbirds\n");
+  CHECK_THROWS_WITH(TsvDataset(val), Catch::Contains("val.tsv:2: label 'birds' is not one of the training classes"));
+  val.path = write("notab.tsv", "the cat\tpets\nno tab here\n");
+  CHECK_THROWS_WITH(TsvDataset(val), Catch::Contains("notab.tsv:2: no tab"));
+  val.path = write("nolabel.tsv", "the cat\t\n");
+  CHECK_THROWS_WITH(TsvDataset(val), Catch::Contains("nolabel.tsv:1: empty label"));
+  val.path = dir + "/missing.tsv";
+  CHECK_THROWS_AS(TsvDataset(val), train::DataError);
+
+  // Through the config: data.kind tsv.
+  write("vocab.txt", "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\ncat\ndog\n");
+  write("val.tsv", "the dog\tother\n");
+  const train::Config c = train::parse_config("model: {name: bert-classifier}\n"
+                                              "data: {kind: tsv, root: " + dir + ", vocab_file: vocab.txt, seq_len: 8}\n"
+                                              "trainer: {global_batch: 2, max_steps: 1}\n", "tsv.yaml");
+  const auto v = train::data::make_dataset(c.data, train::data::Split::Val);
+  CHECK(v->size() == 1);
+  CHECK(v->num_classes() == 2);
+  CHECK(v->get(0, 0).target.item<int64_t>() == 0);
+  CHECK_THROWS_WITH(train::parse_config("model: {name: bert-classifier}\ndata: {kind: tsv, root: /x}\n"
+                                        "trainer: {global_batch: 2, max_steps: 1}\n", "tsv.yaml"),
+                    Catch::Contains("data.vocab_file"));
+  train::files::remove_all(dir);
+}
+
+TEST_CASE("BERT random_input gives valid non-pad ids for the probe", "[bert]") {
+  BertModel model(tiny(BertHead::kMaskedLM));
+  const auto ids = model.random_input({64, 32}, torch::TensorOptions());
+  CHECK(ids.scalar_type() == torch::kLong);
+  CHECK(ids.min().item<int64_t>() >= 1);
+  CHECK(ids.max().item<int64_t>() <= 99);
+  CHECK(model.forward(ids).sizes() == std::vector<int64_t>{64, 32, 100});
+}

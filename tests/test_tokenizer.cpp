@@ -1,0 +1,187 @@
+#include "testing.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "train/errors.h"
+#include "train/files.h"
+#include "train/text/wordpiece.h"
+
+using namespace train::text;
+
+namespace {
+
+// A small uncased vocab for hand-checked cases.
+Vocab hand_vocab() {
+  return Vocab({"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "un", "##aff", "##able", "cafe", "naive",
+                ",", "!", ".", "中", "国", "hello", "world", "##s", "a", "##b", "##c", "abc", "'", "don", "t"});
+}
+
+std::vector<std::string> words(const std::string& text, BasicTokenizerOptions options = {}) {
+  return basic_tokenize(text, options);
+}
+
+std::string write_file(const std::string& dir, const std::string& name, const std::string& text) {
+  const std::string path = train::files::join(dir, name);
+  std::ofstream(path, std::ios::binary) << text;
+  return path;
+}
+
+std::string unhex(const std::string& hex) {
+  std::string out;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2) out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("basic tokenizer: accents, case, punctuation, CJK, whitespace, controls", "[tokenizer]") {
+  CHECK(words("Café  Naïve!") == std::vector<std::string>{"cafe", "naive", "!"});
+  // NFD + drop non-spacing marks also handles decomposed input.
+  CHECK(words("Cafe\u0301") == std::vector<std::string>{"cafe"});
+  // Cased: accents and case stay.
+  BasicTokenizerOptions cased;
+  cased.lowercase = false;
+  CHECK(words("Café Naïve", cased) == std::vector<std::string>{"Café", "Naïve"});
+  // Explicit strip_accents without lower-casing.
+  cased.strip_accents = true;
+  CHECK(words("Café", cased) == std::vector<std::string>{"Cafe"});
+  // Punctuation: ASCII and Unicode P* are single words; symbols (S*) like $ and € are ASCII
+  // punctuation or plain characters.
+  CHECK(words("don't stop—ever…") == std::vector<std::string>{"don", "'", "t", "stop", "—", "ever", "…"});
+  CHECK(words("5€ $5") == std::vector<std::string>{"5€", "$", "5"});
+  // CJK ideographs are split out; kana and Hangul are not.
+  CHECK(words("中国人abc") == std::vector<std::string>{"中", "国", "人", "abc"});
+  BasicTokenizerOptions keep;
+  keep.lowercase = false;  // (uncased, NFD would also decompose Hangul syllables into jamo)
+  CHECK(words("カタカナ한국", keep) == std::vector<std::string>{"カタカナ한국"});
+  // Whitespace of every kind separates; controls, format characters, NUL and U+FFFD vanish.
+  CHECK(words("a\tb\nc\u00a0d\u3000e\u2028f") == std::vector<std::string>{"a", "b", "c", "d", "e", "f"});
+  CHECK(words(std::string("ab\x00" "c\x07" "d\u200be\ufeff\ufffdf", 17)) == std::vector<std::string>{"abcdef"});
+  CHECK(words("   ").empty());
+  CHECK(words("").empty());
+  // Full lower-case mappings: U+0130 (İ) lower-cases to i + U+0307, whose mark is then dropped.
+  CHECK(words("İSTANBUL Straße ΑΘΗΝΑ") == std::vector<std::string>{"istanbul", "straße", "αθηνα"});
+  // Invalid UTF-8 decodes to U+FFFD, which cleaning removes.
+  CHECK(words("ok\xff\xfe" "fine") == std::vector<std::string>{"okfine"});
+}
+
+TEST_CASE("UTF-8 round trip", "[tokenizer]") {
+  const std::string text = "aé中😀\u0301";
+  const std::u32string decoded = decode_utf8(text);
+  CHECK(decoded.size() == 5);
+  CHECK(decoded[3] == 0x1F600);
+  CHECK(encode_utf8(decoded) == text);
+  // Overlong encoding and a lone surrogate are rejected byte by byte.
+  CHECK(decode_utf8("\xc0\xaf") == std::u32string{0xFFFD, 0xFFFD});
+  CHECK(decode_utf8("\xed\xa0\x80") == std::u32string{0xFFFD, 0xFFFD, 0xFFFD});
+}
+
+TEST_CASE("WordPiece: ## splitting, unknown words, long words, specials, encoding", "[tokenizer]") {
+  const WordPieceTokenizer tok(hand_vocab());
+  CHECK(tok.tokenize("unaffable") == std::vector<std::string>{"un", "##aff", "##able"});
+  CHECK(tok.tokenize("The Unaffable café, naïve!") ==
+        std::vector<std::string>{"the", "un", "##aff", "##able", "cafe", ",", "naive", "!"});
+  // Greedy longest match first: "abc" beats "a" + "##b" + "##c".
+  CHECK(tok.tokenize("abc abcb ab") == std::vector<std::string>{"abc", "abc", "##b", "a", "##b"});
+  // A word with any piece missing is one [UNK], not partial pieces.
+  CHECK(tok.tokenize("unaffablex hello") == std::vector<std::string>{"[UNK]", "hello"});
+  CHECK(tok.tokenize("中国美") == std::vector<std::string>{"中", "国", "[UNK]"});
+  // Words over 100 code points are [UNK]; exactly 100 are tokenized.
+  const std::string hundred = "a" + std::string(99, 'b');
+  CHECK(tok.tokenize(hundred).size() == 100);
+  CHECK(tok.tokenize(hundred + "b") == std::vector<std::string>{"[UNK]"});
+  // Special tokens written in the text are recognised, unless disabled.
+  CHECK(tok.tokenize_ids("hello [MASK] world") == std::vector<int32_t>{16, 4, 17});
+  WordPieceOptions literal;
+  literal.match_special_tokens = false;
+  CHECK(WordPieceTokenizer(hand_vocab(), literal).tokenize("[MASK]") == std::vector<std::string>{"[UNK]", "[UNK]", "[UNK]"});
+
+  const Encoding e = tok.encode("hello world", 0, 6);
+  CHECK(e.ids == std::vector<int32_t>{2, 16, 17, 3, 0, 0});
+  CHECK(e.attention_mask == std::vector<uint8_t>{1, 1, 1, 1, 0, 0});
+  CHECK(e.type_ids == std::vector<int32_t>{0, 0, 0, 0, 0, 0});
+  CHECK(tok.encode("hello world hello", 4).ids == std::vector<int32_t>{2, 16, 17, 3});
+  const Encoding pair = tok.encode_pair("hello world hello", "the", 6);
+  CHECK(pair.ids == std::vector<int32_t>{2, 16, 17, 3, 5, 3});
+  CHECK(pair.type_ids == std::vector<int32_t>{0, 0, 0, 0, 1, 1});
+  CHECK_THROWS_AS(tok.encode("hello", 1), std::invalid_argument);
+  CHECK(tok.decode(tok.encode("the unaffable world", 0, 8).ids) == "the unaffable world");
+}
+
+TEST_CASE("vocab file errors name the file and line", "[tokenizer]") {
+  const std::string dir = train::files::make_temp_directory("vocab");
+  auto message = [](const std::string& path) {
+    try {
+      Vocab::load(path);
+    } catch (const train::DataError& e) {
+      CHECK(e.exit_code() == train::kExitInvalid);
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK_THAT(message(dir + "/missing.txt"), Catch::Contains("missing.txt: cannot open vocab file"));
+  CHECK_THAT(message(write_file(dir, "empty.txt", "")), Catch::Contains("empty.txt: vocab file is empty"));
+  CHECK_THAT(message(write_file(dir, "blank.txt", "[PAD]\n\nthe\n")), Catch::Contains("blank.txt:2: empty line"));
+  CHECK_THAT(message(write_file(dir, "dup.txt", "[PAD]\nthe\r\nthe\n")),
+             Catch::Contains("dup.txt:3: token 'the' repeats line 2"));
+  const std::string no_unk = write_file(dir, "nounk.txt", "[PAD]\n[CLS]\n[SEP]\n[MASK]\nthe\n");
+  CHECK_THROWS_WITH(WordPieceTokenizer::from_file(no_unk), Catch::Contains("nounk.txt: the vocab has no unknown token '[UNK]'"));
+  // CRLF files load like LF files.
+  const Vocab crlf = Vocab::load(write_file(dir, "crlf.txt", "[PAD]\r\n[UNK]\r\nthe\r\n"));
+  CHECK(crlf.find("the") == 2);
+  train::files::remove_all(dir);
+}
+
+TEST_CASE("vocab builder learns WordPiece merges that cover its corpus", "[tokenizer]") {
+  VocabBuilderOptions options;
+  options.vocab_size = 60;
+  options.min_frequency = 2;
+  VocabBuilder builder(options);
+  for (int i = 0; i < 20; ++i) builder.add_text("the theory of the thermal thing; then there they were. Unthinkable!");
+  const Vocab vocab = builder.build();
+  CHECK(vocab.size() <= 60);
+  CHECK(vocab.token(0) == "[PAD]");
+  CHECK(vocab.token(4) == "[MASK]");
+  CHECK(vocab.contains("the"));     // the most frequent merge chain
+  CHECK(vocab.contains("##e"));     // every alphabet character in both forms
+  CHECK(vocab.contains("t"));
+  const WordPieceTokenizer tok(vocab);
+  // Every word of the corpus is covered (no [UNK]), with "the" a single piece.
+  for (const auto& piece : tok.tokenize("the theory of the thermal thing; then there they were. Unthinkable!"))
+    CHECK(piece != "[UNK]");
+  CHECK(tok.tokenize("the") == std::vector<std::string>{"the"});
+  // Deterministic: the same corpus gives the same vocab; round trip through a file.
+  VocabBuilder again(options);
+  for (int i = 0; i < 20; ++i) again.add_text("the theory of the thermal thing; then there they were. Unthinkable!");
+  CHECK(again.build().tokens() == vocab.tokens());
+  const std::string dir = train::files::make_temp_directory("vocab");
+  vocab.save(dir + "/vocab.txt");
+  CHECK(Vocab::load(dir + "/vocab.txt").tokens() == vocab.tokens());
+  train::files::remove_all(dir);
+}
+
+TEST_CASE("tokenizer ids equal Hugging Face's BertWordPieceTokenizer on MiniLM's vocab", "[tokenizer][oracle]") {
+  const std::string dir = train::files::make_temp_directory("tokenizer_oracle");
+  REQUIRE(train::testing::run_python("tokenizer_oracle.py", dir) == 0);
+  const WordPieceTokenizer tok = WordPieceTokenizer::from_file(dir + "/vocab.txt");
+  REQUIRE(tok.vocab().size() == 30522);
+  std::ifstream in(dir + "/tokenizer_cases.txt");
+  std::string hex, line;
+  int cases = 0, mismatches = 0;
+  while (std::getline(in, hex) && std::getline(in, line)) {
+    std::vector<int32_t> expected;
+    std::istringstream ids(line);
+    for (int32_t id; ids >> id;) expected.push_back(id);
+    const std::string text = unhex(hex);
+    const std::vector<int32_t> got = tok.encode(text).ids;
+    ++cases;
+    if (got != expected) {
+      ++mismatches;
+      if (mismatches <= 5) UNSCOPED_INFO("mismatch on: " << text);
+    }
+  }
+  CHECK(cases > 1000);
+  CHECK(mismatches == 0);
+  train::files::remove_all(dir);
+}
