@@ -13,6 +13,7 @@
 #include "train/errors.h"
 #include "train/models/model.h"
 #include "train/models/resnet.h"
+#include "train/models/small.h"
 
 namespace train::models {
 namespace {
@@ -32,6 +33,8 @@ struct Registry {
                            "ResNet-34 (torchvision layout, BasicBlock x [3, 4, 6, 3])"};
     entries["resnet50"] = {[](const ModelConfig& c) { return make_resnet(50, c); },
                            "ResNet-50 v1.5 (torchvision layout, Bottleneck x [3, 4, 6, 3])"};
+    entries["mlp"] = {make_mlp, "MLP 784-512-512-classes with ReLU, for 28x28 images"};
+    entries["lenet"] = {make_lenet, "LeNet-style CNN (conv 6, conv 16, FC 120-84-classes), for 28x28 images"};
   }
 
   std::mutex mutex;
