@@ -13,7 +13,7 @@ of the per-round ratios (each ratio taken between runs of the same round).
         --rounds 5 --threads 2 configs/bench/mlp_fashion_mnist.yaml configs/bench/lenet_fashion_mnist.yaml \\
         --out /tmp/compare_train.json
 
-Implementations (--impls): train (`train fit`), python (fit.py, torch.optim.SGD as PyTorch picks it:
+Implementations (--impls, each optionally followed by `:key=value` overrides of its own): train (`train fit`), python (fit.py, torch.optim.SGD as PyTorch picks it:
 a per-parameter loop on CPU), python-foreach, python-fused, raw (torch::optim::SGD), raw-fused
 (LibTorch's fused SGD kernel, what train's optim.impl: auto uses on CPU).
 """
@@ -65,9 +65,10 @@ def steady_state(records, warmup_windows):
             "final_loss": records[-1]["loss"]}
 
 
-def run_one(impl, config, a, overrides):
-    """Runs one implementation on one config; returns its measurement."""
-    sets = [f"trainer.threads={a.threads}"] + overrides
+def run_one(spec, config, a, overrides):
+    """Runs one implementation (`impl[:key=value]...`) on one config; returns its measurement."""
+    impl, *extra = spec.split(":")
+    sets = [f"trainer.threads={a.threads}"] + overrides + extra
     set_args = [x for s in sets for x in ("--set", s)]
     run_dir = None
     if impl == "train":
@@ -124,7 +125,9 @@ def main():
     p.add_argument("--train", default="build/bin/train")
     p.add_argument("--raw", default="build/bin/bench_raw_loop")
     p.add_argument("--python", default=sys.executable)
-    p.add_argument("--impls", default="train,python,raw", help="comma-separated; see below")
+    p.add_argument("--impls", nargs="+", default=["train", "python", "raw"],
+                   help="implementations, each optionally with config overrides of its own: "
+                        "train:data.workers=0 (see below); the first is the base of the ratios")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--warmup-windows", type=int, default=1, help="logging windows excluded at the start of each run")
@@ -134,7 +137,7 @@ def main():
     p.add_argument("--timeout", type=int, default=1800)
     p.add_argument("--out", default="")
     a = p.parse_args()
-    impls = a.impls.split(",")
+    impls = a.impls
 
     import torch  # noqa: E402 (only for the version in the report)
     report = {"host": host_info(), "torch": torch.__version__, "args": vars(a), "results": {}}
