@@ -217,6 +217,41 @@ TEST_CASE("IDX images and labels parse, plain and gzipped", "[data]") {
   }
 }
 
+TEST_CASE("IdxDataset::get gives exactly the values of the tensor-op pipeline", "[data]") {
+  // Every byte value, in two 16x16 images; get() computes x / 255 (and, with normalisation
+  // alone, (x / 255 - mean) / std) in one loop and must match the ops bit for bit.
+  TempDir dir;
+  std::vector<uint8_t> pixels(512);
+  for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = static_cast<uint8_t>(i < 256 ? i : 511 - i);
+  write_plain(dir.file("imgs"), idx_bytes({2, 16, 16}, pixels));
+  write_plain(dir.file("lbls"), idx_bytes({2}, {3, 7}));
+  const torch::Tensor images = read_idx_images(dir.file("imgs"));
+
+  ImageTransforms normalize_only;
+  normalize_only.mean = {0.2860};
+  normalize_only.stddev = {0.3530};
+  ImageTransforms augmented = normalize_only;
+  augmented.random_crop = true;
+  augmented.crop_padding = 2;
+  augmented.random_flip = true;
+  for (const ImageTransforms& transforms : {ImageTransforms{}, normalize_only, augmented}) {
+    INFO(transforms.describe());
+    IdxDataset dataset(dir.file("imgs"), dir.file("lbls"), transforms);
+    for (int64_t i = 0; i < 2; ++i) {
+      for (uint64_t seed : {1, 2, 3}) {
+        const torch::Tensor expected = transforms.apply(images[i].to(torch::kFloat).div_(255.0), seed);
+        const Example example = dataset.get(i, seed);
+        CHECK(torch::equal(example.input, expected));
+        CHECK(example.target.item<int64_t>() == (i == 0 ? 3 : 7));
+      }
+    }
+  }
+  ImageTransforms wrong_channels;
+  wrong_channels.mean = {0.5, 0.5, 0.5};
+  wrong_channels.stddev = {0.2, 0.2, 0.2};
+  CHECK_THROWS_AS(IdxDataset(dir.file("imgs"), dir.file("lbls"), wrong_channels).get(0, 0), std::invalid_argument);
+}
+
 TEST_CASE("IDX errors name the file and what is wrong", "[data]") {
   TempDir dir;
 

@@ -14,6 +14,7 @@
 #include "train/models/model.h"
 #include "train/models/bert.h"
 #include "train/models/resnet.h"
+#include "train/models/small.h"
 
 namespace train::models {
 namespace {
@@ -39,6 +40,8 @@ struct Registry {
                            "BERT with the masked-LM head (logits [B, T, vocab]; sizes from model.preset)"};
     entries["bert-classifier"] = {[](const ModelConfig& c) { return make_bert(BertHead::kClassifier, c); },
                                   "BERT with the pooler and a sequence-classification head (model.num_classes)"};
+    entries["mlp"] = {make_mlp, "MLP 784-512-512-classes with ReLU, for 28x28 images"};
+    entries["lenet"] = {make_lenet, "LeNet-style CNN (conv 6, conv 16, FC 120-84-classes), for 28x28 images"};
   }
 
   std::mutex mutex;

@@ -8,6 +8,7 @@
 #include <train/data/dataset.h>
 #include <train/data/transforms.h>
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -48,6 +49,11 @@ class IdxDataset : public Dataset {
   torch::Tensor images_;
   torch::Tensor labels_;
   ImageTransforms transforms_;
+  // A sample's pixel values by byte value: x / 255, and the same normalised when the transforms
+  // are a normalisation alone (then get() needs no tensor ops).
+  std::array<float, 256> scaled_{};
+  std::array<float, 256> normalized_{};
+  bool normalize_only_ = false;
 };
 
 }  // namespace train::data

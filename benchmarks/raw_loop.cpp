@@ -1,0 +1,222 @@
+// The baseline for the trainer's own overhead: the run of `train fit CONFIG` written as the minimal
+// training loop a LibTorch user would write by hand. Same config file, same model (built by train's
+// registry), same data (the IDX files, normalised, reshuffled every epoch, batches gathered by
+// index from one tensor), same SGD settings, threads and step count; nothing else: no loader
+// threads, no plan, no checkpoints, no metrics files.
+//
+//   bench_raw_loop CONFIG [--set key=value]... [--optim torch|fused] [--no-eval]
+//
+// --optim torch (default) steps with torch::optim::SGD, one parameter at a time, as a hand-written
+// loop would; --optim fused calls LibTorch's fused SGD kernel once per step (LibTorch >= 2.4), as
+// train's `optim.impl: auto` does on CPU. Output: the JSON lines of benchmarks/fit.py (one per
+// logging window, in the shape of train's metrics.jsonl records, then a summary with "done").
+#include <train/config.h>
+#include <train/data/idx.h>
+#include <train/models/model.h>
+
+#include <sched.h>
+#include <torch/torch.h>
+#include <torch/version.h>
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Args {
+  std::string config;
+  std::vector<std::string> overrides;
+  std::string optim = "torch";
+  bool eval = true;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const bool has_value = i + 1 < argc;
+    if (arg == "--set" && has_value) {
+      a.overrides.push_back(argv[++i]);
+    } else if (arg == "--optim" && has_value) {
+      a.optim = argv[++i];
+    } else if (arg == "--no-eval") {
+      a.eval = false;
+    } else if (arg.rfind("--", 0) != 0 && a.config.empty()) {
+      a.config = arg;
+    } else {
+      throw std::invalid_argument("unknown or incomplete argument '" + arg + "'");
+    }
+  }
+  if (a.config.empty()) throw std::invalid_argument("usage: bench_raw_loop CONFIG [--set k=v]... [--optim torch|fused]");
+  if (a.optim != "torch" && a.optim != "fused") throw std::invalid_argument("--optim must be torch or fused");
+  return a;
+}
+
+void require(bool ok, const std::string& what) {
+  if (!ok) throw std::invalid_argument(what + "; bench_raw_loop reproduces only the benchmark configs' settings");
+}
+
+// The settings benchmarks/fit.py accepts too.
+void check_supported(const train::Config& c) {
+  require(c.data.kind == "idx", "data.kind " + c.data.kind);
+  require(!c.data.random_crop && !c.data.random_flip, "data augmentation");
+  require(c.data.drop_last, "data.drop_last false");
+  require(c.optim.name == "sgd", "optim.name " + c.optim.name);
+  require(c.optim.clip_grad_norm == 0, "optim.clip_grad_norm");
+  require(c.schedule.name == "constant", "schedule.name " + c.schedule.name);
+  require(c.schedule.warmup_steps == 0 && c.schedule.warmup_epochs == 0, "a warmup");
+  require(c.loss.label_smoothing == 0, "loss.label_smoothing");
+  require(c.precision.mode == "auto" || c.precision.mode == "fp32", "precision.mode " + c.precision.mode);
+  require(c.trainer.max_steps > 0 && c.trainer.epochs == 0, "trainer.max_steps must be set, epochs not");
+  require(c.model.init_from.empty(), "model.init_from");
+}
+
+// [N, 1, H, W] floats in [0, 1], normalised with data.mean / data.std, and int64 labels.
+std::pair<torch::Tensor, torch::Tensor> load_split(const train::DataConfig& d, bool train) {
+  auto images = train::data::read_idx_images(train::data::find_data_file(d.root, train ? d.train_images : d.val_images));
+  auto labels = train::data::read_idx_labels(train::data::find_data_file(d.root, train ? d.train_labels : d.val_labels));
+  auto x = images.to(torch::kFloat).div_(255.0);
+  if (!d.mean.empty()) {
+    x = (x - torch::tensor(d.mean, torch::kFloat).view({1, -1, 1, 1})) / torch::tensor(d.std, torch::kFloat).view({1, -1, 1, 1});
+  }
+  return {x.contiguous(), labels};
+}
+
+int64_t available_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
+  return CPU_COUNT(&set);
+}
+
+// One fused SGD step over all parameters (momentum buffers filled by the first call).
+class FusedSgd {
+ public:
+  FusedSgd(std::vector<torch::Tensor> params, double lr, double momentum, double weight_decay, bool nesterov)
+      : params_(std::move(params)), lr_(lr), momentum_(momentum), weight_decay_(weight_decay), nesterov_(nesterov) {
+    for (auto& p : params_) buffers_.push_back(torch::empty_like(p));
+  }
+  void zero_grad() {
+    for (auto& p : params_) p.mutable_grad().reset();
+  }
+  void step() {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+    torch::NoGradGuard no_grad;
+    std::vector<torch::Tensor> grads;
+    grads.reserve(params_.size());
+    for (auto& p : params_) grads.push_back(p.grad());
+    at::_fused_sgd_(params_, grads, momentum_ != 0 ? buffers_ : std::vector<torch::Tensor>{}, weight_decay_,
+                    momentum_, lr_, /*dampening=*/0.0, nesterov_, /*maximize=*/false, first_);
+    first_ = false;
+#else
+    throw std::runtime_error("--optim fused needs LibTorch 2.4 or later (CPU _fused_sgd_)");
+#endif
+  }
+
+ private:
+  std::vector<torch::Tensor> params_, buffers_;
+  double lr_, momentum_, weight_decay_;
+  bool nesterov_;
+  bool first_ = true;
+};
+
+std::string json_number(double v) {
+  std::ostringstream out;
+  out.precision(10);
+  out << v;
+  return out.str();
+}
+
+int run(const Args& a) {
+  const train::Config c = train::load_config(a.config, a.overrides);
+  check_supported(c);
+  const int64_t threads = c.trainer.threads > 0 ? c.trainer.threads : available_cores();
+  at::set_num_threads(static_cast<int>(threads));
+  torch::manual_seed(static_cast<uint64_t>(c.trainer.seed));
+  const int64_t batch = c.trainer.global_batch, max_steps = c.trainer.max_steps;
+  const int64_t log_every = std::max<int64_t>(1, c.logging.every_steps);
+
+  auto [images, labels] = load_split(c.data, /*train=*/true);
+  auto model = train::models::make_model(c.model);
+  model->train();
+  torch::optim::SGD torch_sgd(model->parameters(), torch::optim::SGDOptions(c.optim.lr)
+                                                       .momentum(c.optim.momentum)
+                                                       .nesterov(c.optim.nesterov)
+                                                       .weight_decay(c.optim.weight_decay));
+  FusedSgd fused_sgd(model->parameters(), c.optim.lr, c.optim.momentum, c.optim.weight_decay, c.optim.nesterov);
+  const bool fused = a.optim == "fused";
+
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(c.trainer.seed));
+  const int64_t n = images.size(0), steps_per_epoch = n / batch;
+  auto window_loss = torch::zeros({}, torch::kDouble);
+  int64_t step = 0, epoch = 0, window_steps = 0;
+  const auto started = Clock::now();
+  auto window_start = started;
+  double last_loss = 0.0;
+  while (step < max_steps) {
+    const auto order = c.data.shuffle ? torch::randperm(n, generator, torch::kLong) : torch::arange(n);
+    for (int64_t b = 0; b < steps_per_epoch && step < max_steps; ++b) {
+      const auto index = order.slice(0, b * batch, (b + 1) * batch);
+      const auto x = images.index_select(0, index), y = labels.index_select(0, index);
+      fused ? fused_sgd.zero_grad() : torch_sgd.zero_grad();
+      auto loss = torch::nn::functional::cross_entropy(model->forward(x), y);
+      loss.backward();
+      fused ? fused_sgd.step() : static_cast<void>(torch_sgd.step());
+      window_loss += loss.detach();
+      ++step;
+      ++window_steps;
+      if (step % log_every == 0 || step == max_steps) {
+        const double ms = std::chrono::duration<double, std::milli>(Clock::now() - window_start).count();
+        last_loss = window_loss.item<double>() / static_cast<double>(window_steps);
+        std::printf("{\"impl\": \"raw\", \"split\": \"train\", \"step\": %lld, \"epoch\": %lld, \"loss\": %s, "
+                    "\"step_time_ms\": %s}\n",
+                    static_cast<long long>(step), static_cast<long long>(epoch), json_number(last_loss).c_str(),
+                    json_number(ms / static_cast<double>(window_steps)).c_str());
+        std::fflush(stdout);
+        window_loss.zero_();
+        window_steps = 0;
+        window_start = Clock::now();
+      }
+    }
+    ++epoch;
+  }
+  const double train_seconds = std::chrono::duration<double>(Clock::now() - started).count();
+
+  std::string accuracy;
+  if (a.eval) {
+    auto [val_x, val_y] = load_split(c.data, /*train=*/false);
+    torch::NoGradGuard no_grad;
+    model->eval();
+    const int64_t eval_batch = c.trainer.eval_batch > 0 ? c.trainer.eval_batch : batch;
+    int64_t correct = 0;
+    for (int64_t i = 0; i < val_x.size(0); i += eval_batch) {
+      const auto logits = model->forward(val_x.slice(0, i, i + eval_batch));
+      correct += logits.argmax(1).eq(val_y.slice(0, i, i + eval_batch)).sum().item<int64_t>();
+    }
+    accuracy = ", \"accuracy\": " + json_number(static_cast<double>(correct) / static_cast<double>(val_x.size(0)));
+  }
+  std::printf("{\"impl\": \"raw\", \"done\": true, \"steps\": %lld, \"threads\": %lld, \"train_loss\": %s, "
+              "\"train_seconds\": %s, \"optim_impl\": \"%s\", \"torch\": \"%d.%d.%d\"%s}\n",
+              static_cast<long long>(step), static_cast<long long>(threads), json_number(last_loss).c_str(),
+              json_number(train_seconds).c_str(), a.optim.c_str(), TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR,
+              TORCH_VERSION_PATCH, accuracy.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(parse(argc, argv));
+  } catch (const std::exception& e) {
+    std::cerr << "bench_raw_loop: " << e.what() << "\n";
+    return 2;
+  }
+}
