@@ -160,6 +160,7 @@ int cmd_fit(const CommonArgs& args, std::string run_dir, const std::string& resu
 
   apply_plan_globals(run.plan);
   Trainer trainer(config, run.plan, run.model, run.train, run.val, run_dir, run.group);
+  if (run.record_oom) trainer.on_out_of_memory(run.record_oom);
   FitResult result;
   {
     ScopedStopHandler stop(trainer, config.trainer.stop_grace_s);
