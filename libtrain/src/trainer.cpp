@@ -268,9 +268,9 @@ struct Trainer::Impl {
   void recover_from_oom(const std::string& what, std::pair<int64_t, int64_t> step_start) {
     const int64_t failed = plan.micro_batch;
     const int64_t next = smaller_micro_batch(failed);
-    const std::string cause = what.empty() ? std::string("on another rank") : ": " + what;
+    const std::string cause = what.empty() ? std::string(" on another rank") : ": " + what;
     if (next == 0) {
-      throw Error(log::str("out of memory in step ", step + 1, " at micro-batch 1 ", cause,
+      throw Error(log::str("out of memory in step ", step + 1, " at micro-batch 1", cause,
                            "; there is no smaller micro-batch. The model does not fit on ", device.str(),
                            " at this precision: try precision.mode bf16/fp16 or a smaller model"));
     }
@@ -283,7 +283,7 @@ struct Trainer::Impl {
     make_loader();  // batches of the new size, from the same sample order
     rewind(step_start.first, step_start.second, "out-of-memory recovery");
     ++oom_recoveries;
-    log::warn(log::str("out of memory in step ", step + 1, " at micro-batch ", failed, " ", cause,
+    log::warn(log::str("out of memory in step ", step + 1, " at micro-batch ", failed, cause,
                        "; redoing the step with micro-batch ", next, " x ", plan.accum_steps,
                        " accumulation steps (global batch ", plan.global_batch, " unchanged)"));
     if (on_oom) on_oom(failed, next);
@@ -537,7 +537,7 @@ FitResult Trainer::fit(const std::string& resume) {
   const LrSchedule schedule(s.config.schedule, s.plan.lr, s.plan.total_steps, s.plan.warmup_steps);
   const int64_t log_every = std::max<int64_t>(1, s.config.logging.every_steps);
   Meter step_time, loss_meter;
-  auto window_loss = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(s.device));
+  double window_loss = 0;  // sum of the step losses (means over each step's global batch) in the window
   int64_t window_steps = 0, window_samples = 0, window_loss_steps = 0;
   auto window_start = Clock::now();
   double window_wait_start = s.loader_wait();
@@ -565,7 +565,10 @@ FitResult Trainer::fit(const std::string& resume) {
     s.optimizer->zero_grad();
     // Like PyTorch's DDP: rank 0's BatchNorm statistics go to every rank before the forward.
     if (s.sync && s.has_buffers && s.config.distributed.broadcast_buffers) s.sync->broadcast_buffers();
-    auto step_loss = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(s.device));
+    // The micro-batch losses stay on the device until the one read after the step (that read is
+    // the step's only host sync besides the optimizer's own).
+    std::vector<torch::Tensor> micro_losses;
+    micro_losses.reserve(static_cast<size_t>(s.plan.accum_steps));
     std::string oom;  // what ran out of memory in this step, on this rank
     try {
       for (int64_t micro = 0; micro < s.plan.accum_steps; ++micro) {
@@ -580,7 +583,7 @@ FitResult Trainer::fit(const std::string& resume) {
         // Every micro-batch has the same size, so the mean over the global batch is the mean
         // of the micro-batch means.
         s.scaler->scale(loss / static_cast<double>(s.plan.accum_steps)).backward();
-        step_loss += loss.detach().to(torch::kDouble);
+        micro_losses.push_back(loss.detach());
       }
       if (s.sync) s.sync->finish();  // averaged gradients, before unscaling, clipping and the step
     } catch (const c10::OutOfMemoryError& e) {
@@ -592,11 +595,18 @@ FitResult Trainer::fit(const std::string& resume) {
       }
       if (s.sync) s.sync->abandon();  // the other ranks are not left waiting in their allreduce
       s.drop_gradients();
-      step_loss.zero_();
+      micro_losses.clear();
     }
     // A non-finite loss is caught before the weights change. With loss scaling the scaler deals
     // with it (non-finite gradients skip the step and lower the scale).
-    const bool nonfinite = oom.empty() && !std::isfinite(step_loss.item<double>());
+    // Mean of the micro-batch means = the mean over the step's batch on this rank.
+    double step_loss = 0;
+    if (micro_losses.size() == 1) {
+      step_loss = micro_losses[0].item<double>();
+    } else if (!micro_losses.empty()) {
+      step_loss = torch::stack(micro_losses).to(torch::kDouble).mean().item<double>();
+    }
+    const bool nonfinite = oom.empty() && !std::isfinite(step_loss);
     bool stopping = s.stop.load();
     bool any_oom = !oom.empty();
     bool any_nonfinite = nonfinite && !s.plan.loss_scaling;
@@ -616,7 +626,7 @@ FitResult Trainer::fit(const std::string& resume) {
       continue;
     }
     if (any_nonfinite) {
-      s.handle_nonfinite(step_loss.item<double>(), step_start);
+      s.handle_nonfinite(step_loss, step_start);
       continue;
     }
     if (s.config.optim.clip_grad_norm > 0) {
@@ -624,7 +634,7 @@ FitResult Trainer::fit(const std::string& resume) {
       const double norm = clip_grad_norm(*s.model, s.config.optim.clip_grad_norm);
       // The gradients are the same on every rank, so every rank sees the same norm.
       if (!s.plan.loss_scaling && !std::isfinite(norm)) {
-        s.handle_nonfinite(step_loss.item<double>(), step_start);
+        s.handle_nonfinite(step_loss, step_start);
         continue;
       }
     }
@@ -637,7 +647,7 @@ FitResult Trainer::fit(const std::string& resume) {
     if (nonfinite) {
       ++s.scaler_skipped_nonfinite;  // loss scaling: the scaler skipped this one
     } else {
-      window_loss += step_loss / static_cast<double>(s.plan.accum_steps);
+      window_loss += step_loss;
       ++window_loss_steps;
     }
     ++window_steps;
@@ -652,12 +662,11 @@ FitResult Trainer::fit(const std::string& resume) {
       const double elapsed = seconds_since(window_start);
       const double waited = s.loader_wait() - window_wait_start;
       if (s.group) {  // the loss of the global batch: the mean over ranks
-        s.group->allreduce(window_loss, dist::ReduceOp::Sum);
-        window_loss.div_(static_cast<double>(s.group->size()));
+        window_loss = s.group->reduce_double(window_loss, dist::ReduceOp::Sum) / static_cast<double>(s.group->size());
         window_samples *= s.group->size();
       }
       const double mean_loss =
-          window_loss_steps > 0 ? window_loss.item<double>() / static_cast<double>(window_loss_steps) : 0.0;
+          window_loss_steps > 0 ? window_loss / static_cast<double>(window_loss_steps) : 0.0;
       if (!std::isfinite(mean_loss)) {
         throw Error(log::str("loss is ", mean_loss, " at step ", s.step,
                              "; lower optim.lr or enable optim.clip_grad_norm"));
@@ -676,7 +685,7 @@ FitResult Trainer::fit(const std::string& resume) {
           .add("peak_memory_mib", peak_memory_mib(s.device.str()));
       if (s.plan.loss_scaling) r.add("loss_scale", s.scaler->get_scale());
       s.metrics.write(r);
-      window_loss.zero_();
+      window_loss = 0;
       window_steps = 0;
       window_loss_steps = 0;
       window_samples = 0;
