@@ -285,3 +285,23 @@ TEST_CASE("non-finite loss, on_nonfinite rollback: back to the newest checkpoint
   poison(1000, 1000);
   files::remove_all(dir);
 }
+
+TEST_CASE("out of memory: the plan cache remembers the micro-batch that fits for the next run", "[fault][oom][plan]") {
+  const std::string cache = temp_dir("oom_cache");
+  const Config config = config_for("wide_mlp", {"tuning.cache_dir=" + cache});
+  RunParts first = prepare_run(config);
+  REQUIRE(first.plan.micro_batch == 32);  // the whole batch in one pass on a CPU
+  REQUIRE(first.record_oom);
+  first.record_oom(32, 16);  // what the trainer reports after recovering
+
+  RunParts second = prepare_run(config);
+  CHECK(second.plan.micro_batch == 16);
+  CHECK(second.plan.accum_steps == 2);
+  CHECK(second.plan.global_batch == 32);
+  CHECK_THAT(second.plan.to_text(), Catch::Contains("out of memory at micro-batch 32 during training"));
+
+  // A micro-batch fixed in the config is the user's choice: nothing is recorded.
+  RunParts fixed = prepare_run(config_for("wide_mlp", {"tuning.cache_dir=" + cache, "tuning.micro_batch=8"}));
+  CHECK(!fixed.record_oom);
+  files::remove_all(cache);
+}
