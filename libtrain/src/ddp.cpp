@@ -79,6 +79,7 @@ struct GradSync::Impl {
   std::vector<Bucket> buckets;  // bucket 0 holds the last parameters (ready first)
   std::mutex mutex;             // hooks may run on autograd's device threads
   bool syncing = false;
+  bool collectives_done = false;  // this step's allreduces have all completed (finish() got past its waits)
   size_t next_launch = 0;       // buckets launch strictly in index order, the same on every rank
   GradSyncStats stats;
 
@@ -249,6 +250,7 @@ void GradSync::prepare(bool sync) {
   auto& s = *impl_;
   std::lock_guard<std::mutex> lock(s.mutex);
   s.syncing = sync;
+  s.collectives_done = false;
   if (!sync) return;
   for (auto& p : s.params) p.ready = false;
   for (auto& b : s.buckets) {
@@ -288,6 +290,7 @@ void GradSync::finish() {
   s.launch_ready_buckets();
   const auto t0 = Clock::now();
   for (auto& b : s.buckets) s.group->impl().wait(b.work, "gradient allreduce");
+  s.collectives_done = true;
   s.stats.wait_seconds += seconds_since(t0);
   const auto t1 = Clock::now();
   torch::NoGradGuard no_grad;
@@ -307,6 +310,7 @@ void GradSync::finish() {
 void GradSync::abandon() {
   auto& s = *impl_;
   std::unique_lock<std::mutex> lock(s.mutex);
+  if (s.collectives_done) return;  // failed after finish()'s allreduces: nothing left to take part in
   if (!s.syncing) {  // failed in a no_sync micro-step: nothing of this step was launched yet
     for (auto& b : s.buckets) {
       b.launched = false;
@@ -320,6 +324,7 @@ void GradSync::abandon() {
   s.launch_ready_buckets();  // whatever the buffers hold: every rank discards this step
   for (auto& b : s.buckets) s.group->impl().wait(b.work, "gradient allreduce");
   for (auto& b : s.buckets) b.work.reset();
+  s.collectives_done = true;
 }
 
 int64_t GradSync::count_diverged_ranks() {
