@@ -11,9 +11,11 @@
 #include <turbojpeg.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -136,6 +138,32 @@ Bytes png(int width, int height, png_uint_32 format, const Bytes& colormap = {},
   return out;
 }
 
+// A copy of a PNG whose IHDR claims another size (CRC fixed up): a tiny file that asks for a
+// huge image.
+Bytes png_claiming(Bytes png, uint32_t width, uint32_t height) {
+  for (int i = 0; i < 4; ++i) {
+    png[16 + i] = static_cast<uint8_t>(width >> (24 - 8 * i));
+    png[20 + i] = static_cast<uint8_t>(height >> (24 - 8 * i));
+  }
+  const uint32_t crc = static_cast<uint32_t>(crc32(0, png.data() + 12, 17));
+  for (int i = 0; i < 4; ++i) png[29 + i] = static_cast<uint8_t>(crc >> (24 - 8 * i));
+  return png;
+}
+
+// A copy of a JPEG whose frame header (SOF0/SOF2) claims another size.
+Bytes jpeg_claiming(Bytes jpeg, uint16_t width, uint16_t height) {
+  for (size_t i = 2; i + 9 < jpeg.size(); ++i) {
+    if (jpeg[i] == 0xFF && (jpeg[i + 1] == 0xC0 || jpeg[i + 1] == 0xC2)) {
+      jpeg[i + 5] = static_cast<uint8_t>(height >> 8);
+      jpeg[i + 6] = static_cast<uint8_t>(height);
+      jpeg[i + 7] = static_cast<uint8_t>(width >> 8);
+      jpeg[i + 8] = static_cast<uint8_t>(width);
+      return jpeg;
+    }
+  }
+  throw std::runtime_error("no SOF marker");
+}
+
 void image_seeds() {
   const Bytes rgb = jpeg(17, 13, TJPF_RGB, 3, TJSAMP_420, 0);
   write("image", "rgb-17x13-420.jpg", rgb);
@@ -154,6 +182,8 @@ void image_seeds() {
   write("image", "rgb16-3x2.png", png(3, 2, PNG_FORMAT_LINEAR_RGB));
   write("image", "palette-4x4.png", png(4, 4, PNG_FORMAT_RGB_COLORMAP, {255, 0, 0, 0, 255, 0, 0, 0, 255, 9, 9, 9}, 4));
   write("image", "rgb-truncated.png", head(rgb_png, rgb_png.size() - 20));
+  write("image", "png-claims-1000000x1000000.png", png_claiming(rgb_png, 1000000, 1000000));
+  write("image", "jpeg-claims-65500x65500.jpg", jpeg_claiming(rgb, 65500, 65500));
 }
 
 // ---- Checkpoints and safetensors -----------------------------------------------------------------
@@ -194,6 +224,84 @@ void checkpoint_seeds() {
   write("checkpoint", "tiny-no-optimizer.pt", no_optimizer);
   write("checkpoint", "tiny-truncated.pt", head(full, full.size() * 2 / 3));
 
+  // Valid archives with the wrong things inside, so that the fuzzer starts past the zip layer.
+  auto archive_bytes = [&](const std::function<void(torch::serialize::OutputArchive&)>& fill) {
+    torch::serialize::OutputArchive archive;
+    fill(archive);
+    archive.save_to(tmp);
+    Bytes out = read(tmp);
+    std::remove(tmp.c_str());
+    return out;
+  };
+  // The model's entries, less those named in `skip`.
+  auto weights_of = [](const torch::nn::Module& m, const std::vector<std::string>& skip = {}) {
+    torch::serialize::OutputArchive w;
+    for (const auto& [name, t] : train::state_dict(m)) {
+      if (std::find(skip.begin(), skip.end(), name) == skip.end()) w.write(name, t);
+    }
+    return w;
+  };
+  auto header = [](torch::serialize::OutputArchive& a, const c10::IValue& format) {
+    a.write("format", format);
+    for (const char* key : {"step", "epoch", "batch_in_epoch", "samples_seen"}) a.write(key, c10::IValue(int64_t{0}));
+  };
+  write("checkpoint", "format-2.pt", archive_bytes([&](torch::serialize::OutputArchive& a) {
+    header(a, c10::IValue(int64_t{2}));
+    torch::serialize::OutputArchive w = weights_of(model);
+    a.write("model", w);
+  }));
+  write("checkpoint", "format-is-a-string.pt", archive_bytes([&](torch::serialize::OutputArchive& a) {
+    header(a, c10::IValue(std::string("1")));
+    torch::serialize::OutputArchive w = weights_of(model);
+    a.write("model", w);
+  }));
+  write("checkpoint", "model-is-an-int.pt", archive_bytes([&](torch::serialize::OutputArchive& a) {
+    header(a, c10::IValue(int64_t{1}));
+    a.write("model", c10::IValue(int64_t{7}));
+  }));
+  write("checkpoint", "model-entry-not-a-tensor.pt", archive_bytes([&](torch::serialize::OutputArchive& a) {
+    header(a, c10::IValue(int64_t{1}));
+    torch::serialize::OutputArchive w = weights_of(model, {"fc1.weight"});
+    w.write("fc1.weight", c10::IValue(std::string("not a tensor")));
+    w.write("extra", c10::IValue(1.5));
+    a.write("model", w);
+  }));
+  write("checkpoint", "model-entry-wrong-shape-and-dtype.pt", archive_bytes([&](torch::serialize::OutputArchive& a) {
+    header(a, c10::IValue(int64_t{1}));
+    torch::serialize::OutputArchive w = weights_of(model, {"fc1.weight", "fc2.bias"});
+    w.write("fc1.weight", torch::zeros({2, 2}, torch::kLong));
+    w.write("fc2.bias", torch::zeros({2}, torch::kInt));
+    a.write("model", w);
+  }));
+  write("checkpoint", "state-entry-not-a-tensor.pt", archive_bytes([&](torch::serialize::OutputArchive& a) {
+    header(a, c10::IValue(int64_t{1}));
+    torch::serialize::OutputArchive w = weights_of(model);
+    a.write("model", w);
+    torch::serialize::OutputArchive opt;
+    optimizer.save(opt);
+    a.write("optimizer", opt);
+    torch::serialize::OutputArchive extra;
+    extra.write("scaler", c10::IValue(std::string("x")));
+    a.write("state", extra);
+    a.write("config", c10::IValue(int64_t{3}));
+  }));
+  write("checkpoint", "optimizer-from-adam.pt", archive_bytes([&](torch::serialize::OutputArchive& a) {
+    header(a, c10::IValue(int64_t{1}));
+    torch::serialize::OutputArchive w = weights_of(model);
+    a.write("model", w);
+    torch::optim::Adam adam(model.parameters());
+    model.forward(torch::randn({5, 4})).sum().backward();
+    adam.step();
+    torch::serialize::OutputArchive opt;
+    adam.save(opt);
+    a.write("optimizer", opt);
+  }));
+  write("checkpoint", "step-missing.pt", archive_bytes([&](torch::serialize::OutputArchive& a) {
+    a.write("format", c10::IValue(int64_t{1}));
+    torch::serialize::OutputArchive w = weights_of(model);
+    a.write("model", w);
+  }));
+
   const std::string st = g_root + "/.st.tmp";
   auto safetensors = [&](const train::TensorMap& tensors, const train::Metadata& metadata) {
     train::write_safetensors(st, tensors, metadata);
@@ -213,11 +321,22 @@ void checkpoint_seeds() {
                     {}));
   write("safetensors", "no-tensors.safetensors", safetensors({}, {{"note", "empty"}}));
   write("safetensors", "truncated.safetensors", head(weights, weights.size() - 5));
-  const std::string header = R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
-  Bytes overlap = {static_cast<uint8_t>(header.size()), 0, 0, 0, 0, 0, 0, 0};
-  overlap.insert(overlap.end(), header.begin(), header.end());
-  overlap.insert(overlap.end(), 8, 0);
-  write("safetensors", "overlapping-offsets.safetensors", overlap);
+  auto raw = [](const std::string& header, size_t buffer_bytes) {
+    Bytes out;
+    for (int i = 0; i < 8; ++i) out.push_back(static_cast<uint8_t>(static_cast<uint64_t>(header.size()) >> (8 * i)));
+    out.insert(out.end(), header.begin(), header.end());
+    out.insert(out.end(), buffer_bytes, 0);
+    return out;
+  };
+  write("safetensors", "overlapping-offsets.safetensors",
+        raw(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 8));
+  write("safetensors", "zero-size-huge-dims.safetensors",
+        raw(R"({"a":{"dtype":"F32","shape":[0,4611686018427387904,4611686018427387904],"data_offsets":[0,0]}})", 0));
+  write("safetensors", "duplicate-key.safetensors",
+        raw(R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}})", 2));
+  write("safetensors", "nested-shape.safetensors",
+        raw(R"({"a":{"dtype":"F32","shape":)" + std::string(2000, '[') + std::string(2000, ']') +
+                R"(,"data_offsets":[0,4]}})", 4));
 }
 
 // ---- Text ---------------------------------------------------------------------------------------

@@ -96,6 +96,10 @@ torch::serialize::InputArchive open_archive(const std::string& path) {
     std::string what = e.what_without_backtrace();
     throw CheckpointError(path + ": not a readable checkpoint (truncated or corrupt): " +
                           what.substr(0, what.find('\n')));
+  } catch (const std::exception& e) {  // TorchScript's parser, on damaged code/ entries, throws its own errors
+    std::string what = e.what();
+    throw CheckpointError(path + ": not a readable checkpoint (truncated or corrupt): " +
+                          what.substr(0, what.find('\n')));
   }
   c10::IValue format;
   if (!archive.try_read("format", format) || !format.isInt()) {
@@ -174,7 +178,7 @@ TrainState load_checkpoint(const std::string& path, torch::nn::Module& model, to
   if (archive.try_read("state", extra)) {
     for (const auto& key : extra.keys()) {
       torch::Tensor t;
-      extra.read(key, t);
+      if (!extra.try_read(key, t)) throw CheckpointError(path + ": state entry '" + key + "' is not a tensor");
       state.tensors[key] = t;
     }
   }
@@ -188,7 +192,7 @@ std::map<std::string, torch::Tensor> read_checkpoint_weights(const std::string& 
   std::map<std::string, torch::Tensor> out;
   for (const auto& key : weights.keys()) {
     torch::Tensor t;
-    weights.read(key, t);
+    if (!weights.try_read(key, t)) throw CheckpointError(path + ": model entry '" + key + "' is not a tensor");
     out.emplace(key, t);
   }
   return out;
