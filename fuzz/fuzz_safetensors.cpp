@@ -1,7 +1,8 @@
 // Fuzz target: the safetensors reader (8-byte length, JSON header, data buffer) and loading what
 // it reads into a module by state-dict name (model.init_from).
 // Input: one .safetensors file.
-// Property: every tensor read has the dtype and shape its header entry declares.
+// Property: every tensor read is a contiguous CPU tensor; loading them, strict or not, ends in a
+// LoadReport or a CheckpointError.
 #include <train/checkpoint.h>
 #include <train/errors.h>
 #include <train/safetensors.h>
