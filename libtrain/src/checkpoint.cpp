@@ -1,8 +1,12 @@
 #include "train/checkpoint.h"
 
+#include <zlib.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <torch/torch.h>
+#include <vector>
 
 #include "atomic_file.h"
 #include "train/errors.h"
@@ -86,14 +90,73 @@ void verify_sum(const std::string& path) {
   }
 }
 
+// LibTorch reads archive members without checking their CRC-32 (PyTorch builds miniz with the
+// reader's CRC checks off), and its TorchScript importer can crash on a damaged code/ member
+// (1.13: SIGSEGV in ScriptTypeParser, found by fuzz/fuzz_checkpoint.cpp). So a checkpoint that
+// has no .crc32c sidecar has the CRC-32 of each stored member checked here first. Structural
+// problems (no zip directory, offsets out of the file) are left to LibTorch to report, and so are
+// ZIP64 archives (over 4 GiB), whose fields this does not read.
+void verify_zip_members(const std::string& path) {
+  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
+  const int64_t size = files::file_size(path);
+  if (!f || size < 22) return;
+  auto read_at = [&](int64_t offset, size_t n, std::vector<uint8_t>& out) {
+    if (offset < 0 || offset + static_cast<int64_t>(n) > size) return false;  // before allocating n
+    out.resize(n);
+    return std::fseek(f.get(), offset, SEEK_SET) == 0 && std::fread(out.data(), 1, n, f.get()) == n;
+  };
+  auto u16 = [](const uint8_t* p) { return static_cast<uint32_t>(p[0] | p[1] << 8); };
+  auto u32 = [](const uint8_t* p) { return static_cast<uint32_t>(p[0] | p[1] << 8 | p[2] << 16) | uint32_t{p[3]} << 24; };
+  // The end-of-central-directory record: the last 22 bytes, or earlier when a comment follows.
+  std::vector<uint8_t> tail;
+  const int64_t tail_size = std::min<int64_t>(size, 22 + 65535);
+  if (!read_at(size - tail_size, static_cast<size_t>(tail_size), tail)) return;
+  int64_t eocd = tail_size - 22;
+  while (eocd >= 0 && u32(&tail[eocd]) != 0x06054b50) --eocd;
+  if (eocd < 0) return;
+  const uint32_t entries = u16(&tail[eocd + 10]), dir_size = u32(&tail[eocd + 12]), dir_offset = u32(&tail[eocd + 16]);
+  if (entries == 0xFFFF || dir_size == 0xFFFFFFFF || dir_offset == 0xFFFFFFFF) return;  // ZIP64
+  std::vector<uint8_t> dir, local, chunk;
+  if (!read_at(dir_offset, dir_size, dir)) return;
+  for (size_t p = 0, i = 0; i < entries; ++i) {
+    if (p + 46 > dir.size() || u32(&dir[p]) != 0x02014b50) return;
+    const uint32_t method = u16(&dir[p + 10]), crc = u32(&dir[p + 16]), stored = u32(&dir[p + 20]);
+    const uint32_t name_length = u16(&dir[p + 28]), local_offset = u32(&dir[p + 42]);
+    const size_t next = p + 46 + name_length + u16(&dir[p + 30]) + u16(&dir[p + 32]);
+    if (next > dir.size()) return;
+    const std::string name(dir.begin() + static_cast<int64_t>(p) + 46, dir.begin() + static_cast<int64_t>(p) + 46 + name_length);
+    p = next;
+    if (method != 0 || stored == 0xFFFFFFFF || local_offset == 0xFFFFFFFF) continue;  // compressed or ZIP64
+    if (!read_at(local_offset, 30, local) || u32(local.data()) != 0x04034b50) return;
+    int64_t offset = int64_t{local_offset} + 30 + u16(&local[26]) + u16(&local[28]);
+    if (offset + int64_t{stored} > size) return;
+    uLong actual = crc32(0, nullptr, 0);
+    for (int64_t left = stored; left > 0;) {
+      const size_t n = static_cast<size_t>(std::min<int64_t>(left, 1 << 20));
+      if (!read_at(offset, n, chunk)) return;
+      actual = crc32(actual, chunk.data(), static_cast<uInt>(n));
+      offset += static_cast<int64_t>(n);
+      left -= static_cast<int64_t>(n);
+    }
+    if (actual != crc) {
+      throw CheckpointError(path + ": archive member '" + name + "' fails its CRC-32 check; the file is corrupt");
+    }
+  }
+}
+
 torch::serialize::InputArchive open_archive(const std::string& path) {
   if (!files::exists(path)) throw CheckpointError(path + ": checkpoint file does not exist");
   verify_sum(path);
+  if (!files::exists(sum_path(path))) verify_zip_members(path);
   torch::serialize::InputArchive archive;
   try {
     archive.load_from(path, torch::kCPU);
   } catch (const c10::Error& e) {
     std::string what = e.what_without_backtrace();
+    throw CheckpointError(path + ": not a readable checkpoint (truncated or corrupt): " +
+                          what.substr(0, what.find('\n')));
+  } catch (const std::exception& e) {  // TorchScript's parser, on damaged code/ entries, throws its own errors
+    std::string what = e.what();
     throw CheckpointError(path + ": not a readable checkpoint (truncated or corrupt): " +
                           what.substr(0, what.find('\n')));
   }
@@ -174,7 +237,7 @@ TrainState load_checkpoint(const std::string& path, torch::nn::Module& model, to
   if (archive.try_read("state", extra)) {
     for (const auto& key : extra.keys()) {
       torch::Tensor t;
-      extra.read(key, t);
+      if (!extra.try_read(key, t)) throw CheckpointError(path + ": state entry '" + key + "' is not a tensor");
       state.tensors[key] = t;
     }
   }
@@ -188,7 +251,7 @@ std::map<std::string, torch::Tensor> read_checkpoint_weights(const std::string& 
   std::map<std::string, torch::Tensor> out;
   for (const auto& key : weights.keys()) {
     torch::Tensor t;
-    weights.read(key, t);
+    if (!weights.try_read(key, t)) throw CheckpointError(path + ": model entry '" + key + "' is not a tensor");
     out.emplace(key, t);
   }
   return out;

@@ -7,6 +7,7 @@
 // default-constructed `Config` through each key's getter.
 #include "train/config.h"
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -790,9 +791,47 @@ std::string key_name(const YAML::Node& key, const std::string& parent, const Ori
   return name;
 }
 
+// yaml-cpp 0.7 (Debian 12's) never returns from LoadAll on some malformed input, such as a
+// stray ',' (yaml-cpp issue 1040): its parser keeps reporting an empty document at the same
+// position, and memory grows until the process is killed. Walk the documents with a parser that
+// builds nothing first, and stop with an error where a document starts where the previous one
+// did. Syntax errors are left for LoadAll to report.
+void reject_stalled_yaml(const std::string& text, const Origin& origin) {
+  struct DocumentStarts : YAML::EventHandler {
+    std::optional<YAML::Mark> previous;
+    std::optional<YAML::Mark> stalled;
+    void OnDocumentStart(const YAML::Mark& mark) override {
+      if (previous && previous->pos == mark.pos) stalled = mark;
+      previous = mark;
+    }
+    void OnDocumentEnd() override {}
+    void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+    void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+    void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t, const std::string&) override {}
+    void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+    void OnSequenceEnd() override {}
+    void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+    void OnMapEnd() override {}
+  } starts;
+  std::istringstream stream(text);
+  YAML::Parser parser(stream);
+  try {
+    while (!starts.stalled && parser.HandleNextDocument(starts)) {
+    }
+  } catch (const YAML::Exception&) {
+    return;
+  }
+  if (!starts.stalled) return;
+  const size_t pos = static_cast<size_t>(starts.stalled->pos);
+  const unsigned char c = pos < text.size() ? static_cast<unsigned char>(text[pos]) : 0;
+  throw ConfigError(origin.at(*starts.stalled) + ": invalid YAML: unexpected " +
+                    (std::isgraph(c) ? "'" + std::string(1, static_cast<char>(c)) + "'" : std::string("character")));
+}
+
 void ConfigBuilder::apply_document(const std::string& text) {
   const Origin origin{source_, true};
   std::vector<YAML::Node> documents;
+  reject_stalled_yaml(text, origin);
   try {
     documents = YAML::LoadAll(text);
   } catch (const YAML::Exception& e) {

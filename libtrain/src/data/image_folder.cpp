@@ -82,6 +82,20 @@ bool is_harmless_jpeg_warning(const std::string& message) {
          message.find("unknown JFIF revision") != std::string::npos;
 }
 
+// A header can claim up to 65,500 x 65,500 pixels (JPEG) or 1,000,000 x 1,000,000 (PNG) in a file
+// of a hundred bytes; decoding would allocate gigabytes to terabytes. Larger images are refused
+// before anything is allocated, at PIL's decompression-bomb limit (which torchvision's loader
+// also enforces): 2 x 89,478,485 pixels.
+constexpr int64_t kMaxImagePixels = 2 * 89'478'485;
+
+void check_image_size(const std::string& path, int64_t width, int64_t height, const char* format) {
+  if (width * height > kMaxImagePixels) {
+    throw DataError(path + ": " + format + " header claims " + std::to_string(width) + "x" +
+                    std::to_string(height) + " pixels, more than the limit of " +
+                    std::to_string(kMaxImagePixels) + " (a corrupt file or a decompression bomb)");
+  }
+}
+
 // Adobe CMYK JPEGs store inverted ink values, so with c, m, y, k as decoded, R = c * k / 255 and
 // so on (the conversion of OpenCV and libjpeg-turbo's tools; colour management is out of scope).
 torch::Tensor cmyk_to_rgb(const torch::Tensor& cmyk) {
@@ -114,6 +128,7 @@ torch::Tensor decode_jpeg(const std::string& path, const std::vector<uint8_t>& b
   if (width <= 0 || height <= 0) {
     throw DataError(path + ": truncated JPEG header (it ends before the image size)");
   }
+  check_image_size(path, width, height, "JPEG");
   const int denominator = choose_jpeg_scale(width, height, needed);
   const tjscalingfactor scale{1, denominator};
   const int scaled_width = TJSCALED(width, scale);
@@ -149,6 +164,7 @@ torch::Tensor decode_png(const std::string& path, const std::vector<uint8_t>& by
   }
   // Read the alpha channel too and drop it afterwards: without it libpng would blend the
   // image onto a background, while torchvision's loader (PIL's convert("RGB")) discards alpha.
+  check_image_size(path, png.image.width, png.image.height, "PNG");
   const bool alpha = (png.image.format & PNG_FORMAT_FLAG_ALPHA) != 0;
   png.image.format = alpha ? PNG_FORMAT_RGBA : PNG_FORMAT_RGB;
   torch::Tensor pixels = torch::empty(

@@ -117,6 +117,7 @@ void TokenFileWriter::discard() {
 }
 
 void TokenFileWriter::write_bytes(const void* data, size_t size) {
+  if (size == 0) return;  // an empty document's data() may be null, which fwrite must not get
   if (std::fwrite(data, 1, size, file_) != size) {
     const std::string why = std::strerror(errno);
     discard();

@@ -1,0 +1,98 @@
+// Inputs the fuzz targets (fuzz/) found to crash, hang or escape as a non-train exception, checked
+// here against both LibTorch versions. The files are the regression seeds in fuzz/corpus/.
+#include "testing.h"
+
+#include <algorithm>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "train/checkpoint.h"
+#include "train/config.h"
+#include "train/data/image_folder.h"
+#include "train/errors.h"
+#include "train/files.h"
+
+using Catch::Matchers::Contains;
+
+namespace {
+
+std::string corpus(const std::string& target, const std::string& name) {
+  return std::string(TRAIN_SOURCE_DIR) + "/fuzz/corpus/" + target + "/" + name;
+}
+
+// The model of the checkpoint seeds (fuzz/make_seeds.cpp).
+struct Tiny : torch::nn::Module {
+  Tiny() {
+    register_module("fc1", torch::nn::Linear(4, 3));
+    register_module("bn", torch::nn::BatchNorm1d(3));
+    register_module("fc2", torch::nn::Linear(3, 2));
+  }
+};
+
+template <typename Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const train::Error& e) {
+    CHECK(e.exit_code() == train::kExitInvalid);
+    return e.what();
+  }
+  FAIL("expected a train::Error");
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("fuzz: a stray comma in a config is a syntax error, not a hang", "[config][fuzz]") {
+  // yaml-cpp 0.7's LoadAll loops forever, allocating, on these.
+  auto parse = [](const std::string& yaml) { return error_of([&] { train::parse_config(yaml, "test.yaml"); }); };
+  CHECK_THAT(parse(",\n"), Contains("test.yaml:1:1: invalid YAML: unexpected ','"));
+  CHECK_THAT(parse("  a: 1\n,\nb: 2\n"), Contains("test.yaml:2:1: invalid YAML: unexpected ','"));
+}
+
+TEST_CASE("fuzz: an image header claiming a huge size is refused before decoding", "[data][image_folder][fuzz]") {
+  for (const char* name : {"png-claims-1000000x1000000.png", "jpeg-claims-65500x65500.jpg"}) {
+    CAPTURE(name);
+    CHECK_THAT(error_of([&] { train::data::decode_image(corpus("image", name)); }),
+               Contains(name) && Contains("decompression bomb"));
+  }
+}
+
+TEST_CASE("fuzz: damaged checkpoints are CheckpointErrors", "[checkpoint][fuzz]") {
+  CHECK_THAT(error_of([] { train::read_checkpoint_weights(corpus("checkpoint", "model-entry-not-a-tensor.pt")); }),
+             Contains("model entry 'fc1.weight' is not a tensor"));
+  Tiny model;
+  CHECK_THAT(error_of([&] { train::load_checkpoint(corpus("checkpoint", "state-entry-not-a-tensor.pt"), model, nullptr); }),
+             Contains("state entry 'scaler' is not a tensor"));
+  // Damaged TorchScript code inside the archive: LibTorch 1.13 crashed (SIGSEGV) or threw its own
+  // error type on these.
+  for (const char* name : {"regression-damaged-code-segv.pt", "regression-damaged-code-error-report.pt",
+                           "regression-pickle-4gib-string.pt", "regression-zip-directory-size-4gib.pt"}) {
+    CAPTURE(name);
+    CHECK_THAT(error_of([&] { train::read_checkpoint_weights(corpus("checkpoint", name)); }), Contains(name));
+  }
+}
+
+TEST_CASE("fuzz: a checkpoint member with a wrong CRC-32 is reported before LibTorch parses it", "[checkpoint][fuzz]") {
+  const std::string dir = train::files::make_temp_directory("train-crc");
+  const std::string path = train::files::join(dir, "step_00000001.pt");
+  Tiny model;
+  train::save_checkpoint(path, model, nullptr, {});
+  train::files::remove_file(path + ".crc32c");  // as if copied without its sidecar
+  CHECK(train::read_checkpoint_weights(path).size() == 9);
+  std::vector<char> bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const std::string marker = "class ";
+  const auto at = std::search(bytes.begin(), bytes.end(), marker.begin(), marker.end());
+  REQUIRE(at != bytes.end());
+  *(at + 2) ^= 1;  // "class" -> "cmass" in a code/ member
+  std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  CHECK_THAT(error_of([&] { train::read_checkpoint_weights(path); }),
+             Contains("step_00000001.pt: archive member '") && Contains("fails its CRC-32 check"));
+  train::files::remove_all(dir);
+}
