@@ -158,8 +158,7 @@ Outcome run_train(const std::vector<std::string>& args, const std::string& cwd, 
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   for (;;) {
     const pid_t done = ::waitpid(pid, &status, WNOHANG);
-    REQUIRE(done >= 0);
-    if (done == pid) break;
+    if (done == pid || done < 0) break;
     if (std::chrono::steady_clock::now() > deadline) {
       o.timed_out = true;
       ::kill(pid, SIGKILL);
@@ -620,7 +619,7 @@ TEST_CASE("bad_input: missing, truncated and malformed data files exit 1 naming 
          const std::string root = d.copy_of(s.folder, "folder");
          d.write("folder/train/ant/1.jpg", cut(jpeg(32, 1), 300));
          d.write("cfg.yaml", s.folder_config(root));
-         return Invocation{{"fit", "cfg.yaml"}, {root + "/train/ant/1.jpg", "JPEG"}};
+         return Invocation{{"fit", "cfg.yaml"}, {root + "/train/ant/1.jpg", "JPEG", "removed runs, which this run created"}};
        }},
       {"garbage PNG", kExitData,
        [&](const CaseDir& d) {
@@ -628,7 +627,7 @@ TEST_CASE("bad_input: missing, truncated and malformed data files exit 1 naming 
          d.write("folder/train/bee/2.png", cut(png(32), 8) + std::string(200, '\x5a'));
          // The PNG is the fifth of five training images: one batch of five takes it.
          d.write("cfg.yaml", replace(s.folder_config(root), "global_batch: 4", "global_batch: 5"));
-         return Invocation{{"fit", "cfg.yaml"}, {root + "/train/bee/2.png", "PNG"}};
+         return Invocation{{"fit", "cfg.yaml"}, {root + "/train/bee/2.png", "PNG", "removed runs, which this run created"}};
        }},
       {"truncated token file", kExitData,
        [&](const CaseDir& d) {
@@ -788,7 +787,7 @@ TEST_CASE("bad_input: a finished run's directory is left unchanged", "[bad_input
          const std::string root = finished_run(d);
          d.write("folder/train/bee/1.jpg", cut(jpeg(32, 1), 250));
          return Invocation{{"fit", "cfg.yaml", "--run-dir", "run", "--resume", "auto", "--set", "trainer.max_steps=3"},
-                           {root + "/train/bee/1.jpg", "JPEG"}};
+                           {root + "/train/bee/1.jpg", "JPEG", "left run as it was before this run"}};
        }},
       {"eval: a truncated JPEG in the val split", kExitData,
        [&](const CaseDir& d) {
