@@ -352,7 +352,7 @@ void run_cases(const std::vector<Case>& cases) {
 
 // ---- configs: exit 2, naming the file, line:column and key -------------------------------------------
 
-TEST_CASE("bad_input: malformed configs exit 2 naming file, line:column and key", "[bad_input][process]") {
+TEST_CASE("bad_input: malformed configs exit 2 naming the file line:column and key", "[bad_input][process]") {
   const Shared& s = shared();
   const std::string base = s.idx_config();
   // cfg(d, text) writes cfg.yaml into the case directory.
@@ -539,7 +539,7 @@ TEST_CASE("bad_input: bad --set overrides and flags exit 2", "[bad_input][proces
 
 // ---- data files: exit 1, naming the file ----------------------------------------------------------------
 
-TEST_CASE("bad_input: missing, truncated and malformed data files exit 1 naming the file",
+TEST_CASE("bad_input: missing truncated or malformed data files exit 1 naming the file",
           "[bad_input][process]") {
   const Shared& s = shared();
   // A copy of the IDX directory with one file replaced, and a config pointing at it.
@@ -621,6 +621,15 @@ TEST_CASE("bad_input: missing, truncated and malformed data files exit 1 naming 
          d.write("cfg.yaml", s.folder_config(root));
          return Invocation{{"fit", "cfg.yaml"}, {root + "/train/ant/1.jpg", "JPEG", "removed runs, which this run created"}};
        }},
+      {"truncated JPEG mid-run, with --run-dir . holding the user's files", kExitData,
+       [&](const CaseDir& d) {
+         const std::string root = d.copy_of(s.folder, "folder");
+         d.write("folder/train/bee/0.jpg", cut(jpeg(32, 0), 400));
+         d.write("cfg.yaml", s.folder_config(root));
+         d.write("config.yaml", "# the user's own file, named like the one a run writes\n");
+         return Invocation{{"fit", "cfg.yaml", "--run-dir", "."},
+                           {root + "/train/bee/0.jpg", "JPEG", "left . as it was before this run"}};
+       }},
       {"garbage PNG", kExitData,
        [&](const CaseDir& d) {
          const std::string root = d.copy_of(s.folder, "folder");
@@ -689,7 +698,7 @@ TEST_CASE("bad_input: missing, truncated and malformed data files exit 1 naming 
 
 // ---- checkpoints: exit 2, naming the file ---------------------------------------------------------------
 
-TEST_CASE("bad_input: garbage, truncated and mismatched checkpoints exit 2", "[bad_input][process]") {
+TEST_CASE("bad_input: garbage truncated or mismatched checkpoints exit 2", "[bad_input][process]") {
   const Shared& s = shared();
   const std::string good = slurp(s.mlp_checkpoint);
   const std::string good_sum = slurp(s.mlp_checkpoint + ".crc32c");

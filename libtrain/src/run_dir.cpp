@@ -40,7 +40,9 @@ bool is_checkpoint_name(const std::string& rel) {
          rel.compare(rel.size() - 3, 3, ".pt") == 0 && rel.find('/', prefix.size()) == std::string::npos;
 }
 
-// Every path under `root`, relative to it, parents before children; symlinks are not followed.
+// The entries a run writes to: those at the top of `root` and in its checkpoints/, relative to
+// `root`, parents before children; symlinks are not followed. Other subdirectories (a user may
+// give --run-dir . over their data) are neither read nor changed, only removed when new.
 std::vector<std::pair<std::string, struct stat>> walk(const std::string& root) {
   std::vector<std::pair<std::string, struct stat>> out;
   std::vector<std::string> pending{""};
@@ -52,7 +54,7 @@ std::vector<std::pair<std::string, struct stat>> walk(const std::string& root) {
       struct stat info {};
       if (!lstat_path(files::join(root, child), info)) continue;
       out.emplace_back(child, info);
-      if (S_ISDIR(info.st_mode)) pending.push_back(child);
+      if (S_ISDIR(info.st_mode) && child == "checkpoints") pending.push_back(child);
     }
   }
   return out;

@@ -10,8 +10,9 @@ namespace train::detail {
 
 class RunDirSnapshot {
  public:
-  // Records run_dir's files (recursively): sizes, and the bytes of the small ones. When run_dir
-  // does not exist, records the outermost directory that `mkdir -p run_dir` would create.
+  // Records the entries at the top of run_dir and in run_dir/checkpoints (where a run writes):
+  // sizes, and the bytes of the small files. When run_dir does not exist, records the outermost
+  // directory that `mkdir -p run_dir` would create.
   explicit RunDirSnapshot(std::string run_dir);
 
   // A checkpoint (checkpoints/step_*.pt) that was not there before: the run can be resumed.
