@@ -37,6 +37,9 @@ const std::string kTrain = std::string(TRAIN_BINARY_DIR) + "/bin/train";
 
 // A BatchNorm-free model, so that data-parallel and single-process runs are the same arithmetic.
 // With TRAIN_TEST_DIE_RANK / TRAIN_TEST_DIE_AT set, that rank dies (or hangs) in that forward.
+// With TRAIN_TEST_OOM_RANK / TRAIN_TEST_OOM_ABOVE set, that rank runs out of memory (throws what
+// CUDA's allocator throws) on every micro-batch larger than the bound: in the forward, or with
+// TRAIN_TEST_OOM_IN=backward half-way through the backward, after fc2's gradients are done.
 class TestMlp : public models::Model {
  public:
   TestMlp(int64_t in, int64_t classes, bool with_unused)
@@ -46,19 +49,31 @@ class TestMlp : public models::Model {
     if (const char* a = std::getenv("TRAIN_TEST_DIE_AT")) die_at_ = std::atoi(a);
     if (const char* h = std::getenv("TRAIN_TEST_HANG")) hang_ = std::string(h) == "1";
     if (const char* r = std::getenv("RANK")) rank_ = std::atoi(r);
+    if (const char* r = std::getenv("TRAIN_TEST_OOM_RANK")) oom_rank_ = std::atoi(r);
+    if (const char* a = std::getenv("TRAIN_TEST_OOM_ABOVE")) oom_above_ = std::atoi(a);
+    if (const char* w = std::getenv("TRAIN_TEST_OOM_IN")) oom_in_backward_ = std::string(w) == "backward";
   }
   torch::Tensor forward(const torch::Tensor& x) override {
     if (rank_ == die_rank_ && ++calls_ == die_at_) {
       if (hang_) std::this_thread::sleep_for(std::chrono::hours(1));
       std::_Exit(3);
     }
-    return fc2_(torch::relu(fc1_(x.flatten(1))));
+    const bool oom = rank_ == oom_rank_ && x.size(0) > oom_above_ && is_training();
+    if (oom && !oom_in_backward_) throw_oom();
+    auto h = torch::relu(fc1_(x.flatten(1)));
+    if (oom) h.register_hook([](const torch::Tensor&) -> torch::Tensor { throw_oom(); });
+    return fc2_(h);
+  }
+  [[noreturn]] static void throw_oom() {
+    throw c10::OutOfMemoryError(c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                                "test: out of memory");
   }
 
  private:
   torch::nn::Linear fc1_, fc2_;
   torch::nn::Linear unused_{nullptr};
-  int die_rank_ = -1, die_at_ = -1, rank_ = 0, calls_ = 0;
+  int die_rank_ = -1, die_at_ = -1, rank_ = 0, calls_ = 0, oom_rank_ = -1, oom_above_ = 1 << 30;
+  bool oom_in_backward_ = false;
   bool hang_ = false;
 };
 
@@ -368,6 +383,35 @@ TEST_CASE("when a rank dies or hangs, the others exit non-zero within the timeou
     CHECK(rc == 1);
     CHECK(waited < 45);
     CHECK_THAT(slurp(procs[0].log), Catch::Contains("distributed.timeout_s = 5"));
+  }
+  files::remove_all(dir);
+}
+
+TEST_CASE("out of memory on one rank: every rank halves the micro-batch and redoes the step", "[dist][process][oom]") {
+  const std::string dir = files::make_temp_directory("train_ddp_oom_");
+  // Per-rank batch 8; one bucket per parameter, so that some are in flight when backward fails.
+  const std::string buckets = "distributed: {timeout_s: 60, bucket_mb: 0.000001, first_bucket_mb: 0.000001}\n";
+  const auto [ref0, ref1] = run_two_ranks(files::make_temp_directory(dir + "/ref_"),
+                                          write_config(dir, "halves", "tuning: {micro_batch: 4}\n" + buckets));
+  for (const std::string where : {"forward", "backward"}) {
+    DYNAMIC_SECTION("in the " << where) {
+      const std::string run_dir = files::make_temp_directory(dir + "/" + where + "_");
+      auto procs = start_ranks(run_dir, write_config(run_dir, "oom", "tuning: {micro_batch: 8}\n" + buckets), 2,
+                               {{"TRAIN_TEST_OOM_RANK", "1"}, {"TRAIN_TEST_OOM_ABOVE", "4"}, {"TRAIN_TEST_OOM_IN", where}});
+      for (const auto& p : procs) {
+        const int rc = wait_for(p, 300);
+        INFO(slurp(p.log));
+        REQUIRE(rc == 0);
+      }
+      CHECK_THAT(slurp(procs[1].log), Catch::Contains("out of memory in step 1 at micro-batch 8: test: out of memory"));
+      CHECK_THAT(slurp(procs[0].log), Catch::Contains("out of memory in step 1 at micro-batch 8 on another rank"));
+      CHECK_THAT(slurp(procs[0].log), Catch::Contains("micro-batch 4 x 2 accumulation steps (global batch 16 unchanged)"));
+      const auto r0 = load_params(files::join(run_dir, "params.rank0.pt"));
+      const auto r1 = load_params(files::join(run_dir, "params.rank1.pt"));
+      CHECK(bitwise_equal(r0, r1));
+      // The same samples in the same micro-batches as a run planned at 4 from the start.
+      CHECK(bitwise_equal(r0, ref0));
+    }
   }
   files::remove_all(dir);
 }

@@ -167,6 +167,7 @@ int train_in_run_dir(const Config& config, RunParts& run, const std::string& run
     FitResult result;
     {
       Trainer trainer(config, run.plan, run.model, run.train, run.val, run_dir, run.group);
+      if (run.record_oom) trainer.on_out_of_memory(run.record_oom);
       ScopedStopHandler stop(trainer, config.trainer.stop_grace_s);
       result = trainer.fit(resume_path);
     }

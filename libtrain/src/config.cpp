@@ -362,6 +362,14 @@ std::vector<Key> build_schema() {
       trainer("stop_grace_s", &T::stop_grace_s,
               "after SIGTERM/SIGINT, seconds to finish the step and write a checkpoint before exiting anyway")
           .above(0),
+      trainer("on_nonfinite", &T::on_nonfinite,
+              "a non-finite loss (without loss scaling; with it the scaler skips the step): stop = exit 1 "
+              "naming the step and the first parameter with a non-finite gradient, before the weights "
+              "change; rollback = reload the newest checkpoint and skip that step's batches")
+          .one_of({"stop", "rollback"}),
+      trainer("max_rollbacks", &T::max_rollbacks,
+              "on_nonfinite rollback: rollbacks allowed in one run before it stops as with `stop`")
+          .at_least(1),
 
       tuning("device", &TuningConfig::device,
              "plan for this named device profile instead of the detected one (train plan --device)"),
@@ -389,6 +397,10 @@ std::vector<Key> build_schema() {
              "share of the device's free memory the plan may fill")
           .above(0)
           .at_most(1),
+      tuning("oom_recovery", &TuningConfig::oom_recovery,
+             "out of memory inside a step: free it, halve the micro-batch, double the accumulation (the "
+             "global batch stays) and redo the step with the same samples; every rank follows; the plan "
+             "cache remembers it. false = exit 1"),
       tuning("cache_dir", &TuningConfig::cache_dir,
              "plan cache directory; empty = $XDG_CACHE_HOME/train/plans or ~/.cache/train/plans"),
 

@@ -304,6 +304,24 @@ void GradSync::finish() {
   for (auto& b : s.buckets) b.work.reset();
 }
 
+void GradSync::abandon() {
+  auto& s = *impl_;
+  std::unique_lock<std::mutex> lock(s.mutex);
+  if (!s.syncing) {  // failed in a no_sync micro-step: nothing of this step was launched yet
+    for (auto& b : s.buckets) {
+      b.launched = false;
+      b.work.reset();
+    }
+    s.next_launch = 0;
+  }
+  s.syncing = false;
+  for (auto& p : s.params) p.ready = true;
+  for (auto& b : s.buckets) b.pending = 0;
+  s.launch_ready_buckets();  // whatever the buffers hold: every rank discards this step
+  for (auto& b : s.buckets) s.group->impl().wait(b.work, "gradient allreduce");
+  for (auto& b : s.buckets) b.work.reset();
+}
+
 int64_t GradSync::count_diverged_ranks() {
   auto& s = *impl_;
   torch::NoGradGuard no_grad;

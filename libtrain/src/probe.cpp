@@ -45,16 +45,20 @@ class CountingCpuAllocator final : public compat::HostAllocatorBase {
   }
 
   // Counts from now on, forwarding to `wrapped`. False while another counter is counting.
-  bool start(c10::Allocator* wrapped) {
+  bool start(c10::Allocator* wrapped, int64_t limit_bytes) {
     bool idle = false;
     if (!counting_.compare_exchange_strong(idle, true)) return false;
     wrapped_.store(wrapped);
     live_.store(0);
     peak_.store(0);
+    limit_.store(limit_bytes);
     generation_.fetch_add(1);
     return true;
   }
-  void stop() { counting_.store(false); }
+  void stop() {
+    limit_.store(0);
+    counting_.store(false);
+  }
 
   int64_t live() const { return live_.load(); }
   int64_t peak() const { return peak_.load(); }
@@ -64,6 +68,14 @@ class CountingCpuAllocator final : public compat::HostAllocatorBase {
 
  protected:
   c10::DataPtr allocate_bytes(size_t bytes) override {
+    const int64_t limit = limit_.load();
+    if (limit > 0 && counting_.load() && live_.load() + static_cast<int64_t>(bytes) > limit) {
+      // What the CUDA caching allocator throws, so that code under test takes its real OOM path.
+      throw c10::OutOfMemoryError(
+          c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+          "CPU out of memory (train::CpuMemoryCounter limit): tried to allocate " + std::to_string(bytes) +
+              " bytes with " + std::to_string(live_.load()) + " of " + std::to_string(limit) + " bytes in use");
+    }
     c10::DataPtr original = wrapped_.load()->allocate(bytes);
     void* data = original.get();
     // Blocks whose context is not the pointer itself cannot be handed out as raw blocks; they
@@ -118,6 +130,7 @@ class CountingCpuAllocator final : public compat::HostAllocatorBase {
   std::atomic<uint64_t> generation_{0};
   std::atomic<int64_t> live_{0};
   std::atomic<int64_t> peak_{0};
+  std::atomic<int64_t> limit_{0};  // > 0: allocations beyond it throw c10::OutOfMemoryError
   std::mutex mutex_;  // guards blocks_; the counts are atomics
   std::unordered_map<void*, Block> blocks_;
 };
@@ -327,9 +340,9 @@ bool fits_in_memory(const torch::Device& device, Measure&& measure) {
 
 // ---- CpuMemoryCounter -----------------------------------------------------------------------
 
-CpuMemoryCounter::CpuMemoryCounter() : previous_(c10::GetCPUAllocator()), priority_(0) {
+CpuMemoryCounter::CpuMemoryCounter(int64_t limit_bytes) : previous_(c10::GetCPUAllocator()), priority_(0) {
   CountingCpuAllocator& counting = CountingCpuAllocator::instance();
-  if (!counting.start(previous_)) throw std::logic_error("CpuMemoryCounter: another counter is alive");
+  if (!counting.start(previous_, limit_bytes)) throw std::logic_error("CpuMemoryCounter: another counter is alive");
   // SetCPUAllocator ignores priorities below the current one and cannot report it, so the lowest
   // priority that takes effect is the current one: restoring at it leaves the priority unchanged.
   for (int priority = 0; priority <= std::numeric_limits<uint8_t>::max(); ++priority) {

@@ -61,6 +61,8 @@ PlanCacheKey cache_key(const Config& config, const DeviceProfile& device, const 
   return key;
 }
 
+std::string cache_scope(const Config& config) { return config.source.empty() ? config.model.name : config.source; }
+
 // Measures (or, for a named device, estimates) memory per micro-batch and, on a real GPU,
 // throughput per micro-batch. Empty evidence when the user fixed the micro-batch.
 MemoryEvidence gather_evidence(const Config& config, const DeviceProfile& device, const Plan& draft,
@@ -68,16 +70,16 @@ MemoryEvidence gather_evidence(const Config& config, const DeviceProfile& device
                                int world_size) {
   MemoryEvidence evidence;
   if (config.tuning.micro_batch > 0 || !config.tuning.probe) return evidence;
-  // On a CPU the whole per-rank batch is one pass in fixed mode: host memory is rarely the limit,
-  // so the probe only runs when the batch may grow.
-  if (!device.is_cuda() && config.tuning.batch != "scale") return evidence;
   PlanCache cache(config.tuning.cache_dir);
   const PlanCacheKey key = cache_key(config, device, draft, model, input_shape, world_size);
-  const std::string scope = config.source.empty() ? config.model.name : config.source;
+  const std::string scope = cache_scope(config);
   if (auto hit = cache.find(key)) {
     log::info("plan cache hit: " + cache.dir() + "/" + key.hash() + ".json (no probe)");
     return *hit;
   }
+  // On a CPU the whole per-rank batch is one pass in fixed mode: host memory is rarely the limit,
+  // so the probe only runs when the batch may grow (a cached out-of-memory record still counts).
+  if (!device.is_cuda() && config.tuning.batch != "scale") return evidence;
   for (const auto& change : cache.changes(key, scope)) log::info("plan cache miss: " + change);
 
   const auto t0 = std::chrono::steady_clock::now();
@@ -229,6 +231,24 @@ RunParts prepare_run(const Config& config, const RunOptions& options) {
   inputs.memory = gather_evidence(config, r.device, draft, *r.model, shape, num_classes, static_cast<int>(world_size));
   r.plan = make_plan(config, r.device, inputs);
   if (r.group) agree_across_ranks(r.plan, config, r.device, inputs, *r.group);
+  if (config.tuning.micro_batch == 0 && config.tuning.probe && env.rank == 0) {
+    // A micro-batch that ran out of memory during training caps the next run's plan.
+    r.record_oom = [dir = config.tuning.cache_dir, key = cache_key(config, r.device, draft, *r.model, shape,
+                                                                    static_cast<int>(world_size)),
+                    scope = cache_scope(config), evidence = inputs.memory](int64_t failed, int64_t fits) mutable {
+      evidence.max_micro_batch = evidence.max_micro_batch > 0 ? std::min(evidence.max_micro_batch, fits) : fits;
+      evidence.source += (evidence.source.empty() ? "" : "; ") +
+                         log::str("out of memory at micro-batch ", failed, " during training");
+      try {
+        PlanCache cache(dir);
+        cache.store(key, evidence, scope);
+        log::info(log::str("plan cache: recorded micro-batch ", fits, " as the largest that fits (",
+                           cache.dir(), "/", key.hash(), ".json)"));
+      } catch (const Error& e) {
+        log::warn(std::string("plan cache not written: ") + e.what());
+      }
+    };
+  }
   if (r.train) finalize_schedule(r.plan, config, r.train->size());
   return r;
 }

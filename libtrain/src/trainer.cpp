@@ -6,11 +6,13 @@
 #include <chrono>
 #include <iomanip>
 #include <optional>
+#include <set>
 #include <sstream>
 
 #include "compat.h"
 #ifdef TRAIN_WITH_CUDA
 #include <c10/core/Event.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
@@ -101,6 +103,15 @@ class DeviceFeeder {
   data::Batch take() { return {}; }
 #endif
   bool staged() const { return has_; }
+  // Drops the batch staged ahead (the loader is about to be rewound).
+  void reset() {
+#ifdef TRAIN_WITH_CUDA
+    if (has_) side_.synchronize();
+    staged_ = data::Batch{};
+    host_ = data::Batch{};
+#endif
+    has_ = false;
+  }
 
  private:
 #ifdef TRAIN_WITH_CUDA
@@ -112,6 +123,18 @@ class DeviceFeeder {
 #endif
   bool has_ = false;
 };
+
+// The first line of an exception message (c10's carry a C++ backtrace after it).
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+// The largest divisor of n that is at most n / 2 (0 when n is 1): the next micro-batch after an
+// out-of-memory error, so that micro-batch x accumulation still makes the global batch exactly.
+int64_t smaller_micro_batch(int64_t n) {
+  for (int64_t d = n / 2; d >= 1; --d) {
+    if (n % d == 0) return d;
+  }
+  return 0;
+}
 
 std::string fixed(double v, int digits) {
   std::ostringstream out;
@@ -135,6 +158,15 @@ struct Trainer::Impl {
   dist::GroupPtr group;                 // null for a single process
   std::unique_ptr<dist::GradSync> sync;  // data-parallel gradient averaging (group of > 1 rank)
   bool has_buffers = false;
+  OomListener on_oom;
+  // on_nonfinite rollback: steps whose batches gave a non-finite loss, as (epoch, first sample of
+  // the step in this rank's share of the epoch); they are passed over. Saved in checkpoints.
+  std::set<std::pair<int64_t, int64_t>> bad_steps;
+  int64_t rollbacks = 0;
+  int64_t oom_recoveries = 0;
+  int64_t scaler_skipped_nonfinite = 0;  // loss scaling: steps with a non-finite loss, skipped by the scaler
+  double retired_wait = 0;     // wait_seconds() of loaders replaced after an out-of-memory error
+  int64_t retired_skipped = 0;
   MetricsSink metrics;
   std::atomic<bool> stop{false};
   int64_t step = 0;
@@ -147,6 +179,169 @@ struct Trainer::Impl {
     auto pos = loader->position();
     if (feeder && feeder->staged()) --pos.batch;
     return pos;
+  }
+  // The same in samples, which stays valid when the micro-batch changes.
+  std::pair<int64_t, int64_t> sample_position() const {
+    const auto pos = consumed();
+    return {pos.epoch, pos.batch * plan.micro_batch};
+  }
+  double loader_wait() const { return retired_wait + loader->wait_seconds(); }
+  int64_t loader_skipped() const { return retired_skipped + loader->skipped(); }
+
+  void make_loader() {
+    if (loader) {
+      retired_wait += loader->wait_seconds();
+      retired_skipped += loader->skipped();
+      loader.reset();  // joins its workers
+    }
+    data::LoaderOptions lo;
+    lo.batch_size = plan.micro_batch;
+    lo.shuffle = config.data.shuffle;
+    lo.drop_last = true;
+    lo.workers = plan.workers;
+    lo.prefetch = plan.prefetch;
+    lo.seed = static_cast<uint64_t>(config.trainer.seed);
+    lo.pin_memory = plan.pin_memory;
+    lo.rank = plan.rank;
+    lo.world_size = plan.world_size;
+    lo.on_error = data::parse_on_error(config.data.on_error);
+    loader = std::make_unique<data::Loader>(train_set, lo);
+  }
+  // Continues the data at a sample position (from a checkpoint, or the start of a step to redo).
+  void rewind(int64_t epoch, int64_t sample, const std::string& source) {
+    if (sample % plan.micro_batch != 0) {
+      throw CheckpointError(log::str(source, ": its data position (sample ", sample, " of epoch ", epoch,
+                                     ") is not a multiple of the micro-batch ", plan.micro_batch));
+    }
+    if (feeder) feeder->reset();
+    loader->start({epoch, sample / plan.micro_batch});
+  }
+  // The epoch boundary: once this epoch's whole steps are consumed the loader moves on.
+  bool maybe_next_epoch() {
+    if (consumed().batch < batches_per_epoch()) return false;
+    if (feeder) feeder->reset();
+    loader->start({consumed().epoch + 1, 0});
+    return true;
+  }
+  void drop_gradients() {
+    for (auto& p : model->parameters()) {
+      if (p.grad().defined()) p.mutable_grad() = torch::Tensor();
+    }
+  }
+
+  // Model, optimizer, RNG, loss scaler, rolled-back steps and the data position from a checkpoint.
+  TrainState restore(const std::string& path) {
+    const TrainState st = load_checkpoint(path, *model, optimizer.get());
+    step = st.step;
+    samples_seen = st.samples_seen;
+    if (auto it = st.tensors.find("rng/cpu"); it != st.tensors.end()) compat::set_cpu_rng_state(it->second);
+    if (plan.loss_scaling && st.tensors.count("scaler/scale")) scaler->load_state(st.tensors);
+    if (auto it = st.tensors.find("trainer/bad_steps"); it != st.tensors.end()) {
+      const auto rows = it->second.to(torch::kLong).contiguous().view({-1, 2});
+      for (int64_t i = 0; i < rows.size(0); ++i) {
+        bad_steps.emplace(rows[i][0].item<int64_t>(), rows[i][1].item<int64_t>());
+      }
+    }
+    // Positions count micro-batches of the micro-batch in force when the checkpoint was written
+    // (older checkpoints: the plan's).
+    int64_t micro = plan.micro_batch;
+    if (auto it = st.tensors.find("trainer/micro_batch"); it != st.tensors.end()) micro = it->second.item<int64_t>();
+    rewind(st.epoch, st.batch_in_epoch * micro, path);
+    return st;
+  }
+
+  // on_nonfinite rollback: the batches of a step that gave a non-finite loss are passed over.
+  void skip_bad_steps() {
+    while (!bad_steps.empty() && bad_steps.count(sample_position()) != 0) {
+      const auto pos = sample_position();
+      for (int64_t i = 0; i < plan.accum_steps; ++i) (void)next_batch();
+      log::warn(log::str("trainer.on_nonfinite rollback: skipping the ", plan.accum_steps * plan.micro_batch,
+                         " samples from sample ", pos.second, " of epoch ", pos.first,
+                         " (they gave a non-finite loss)"));
+      maybe_next_epoch();
+    }
+  }
+
+  // Out of memory in a step on some rank: every rank frees the step, halves the micro-batch (the
+  // largest divisor at most half, so the global batch stays exact), doubles the accumulation and
+  // redoes the step from its first sample. `what` is "" on ranks that did not run out themselves.
+  void recover_from_oom(const std::string& what, std::pair<int64_t, int64_t> step_start) {
+    const int64_t failed = plan.micro_batch;
+    const int64_t next = smaller_micro_batch(failed);
+    const std::string cause = what.empty() ? std::string(" on another rank") : ": " + what;
+    if (next == 0) {
+      throw Error(log::str("out of memory in step ", step + 1, " at micro-batch 1", cause,
+                           "; there is no smaller micro-batch. The model does not fit on ", device.str(),
+                           " at this precision: try precision.mode bf16/fp16 or a smaller model"));
+    }
+    drop_gradients();
+#ifdef TRAIN_WITH_CUDA
+    if (device.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
+    plan.accum_steps *= failed / next;
+    plan.micro_batch = next;
+    make_loader();  // batches of the new size, from the same sample order
+    rewind(step_start.first, step_start.second, "out-of-memory recovery");
+    ++oom_recoveries;
+    log::warn(log::str("out of memory in step ", step + 1, " at micro-batch ", failed, cause,
+                       "; redoing the step with micro-batch ", next, " x ", plan.accum_steps,
+                       " accumulation steps (global batch ", plan.global_batch, " unchanged)"));
+    if (on_oom) on_oom(failed, next);
+  }
+
+  // A non-finite loss (or gradient norm) without loss scaling: trainer.on_nonfinite decides.
+  // Called before the optimizer step, on every rank alike.
+  void handle_nonfinite(double loss, std::pair<int64_t, int64_t> step_start) {
+    const std::string what = std::isfinite(loss) ? std::string("the gradient norm is not finite")
+                                                 : log::str("the loss is ", loss);
+    const std::string where = log::str("step ", step + 1, " (epoch ", step_start.first, ", from sample ",
+                                       step_start.second, " of the epoch)");
+    std::string why_not;
+    if (config.trainer.on_nonfinite == "rollback") {
+      const std::string ckpt = checkpoint_dir().empty() ? "" : latest_checkpoint(checkpoint_dir());
+      int64_t have = ckpt.empty() ? 0 : 1;
+      if (group) have = group->reduce_int(have, dist::ReduceOp::Min);
+      if (have == 0) {
+        why_not = "; there is no checkpoint to roll back to";
+      } else if (rollbacks >= config.trainer.max_rollbacks) {
+        why_not = log::str("; trainer.max_rollbacks (", config.trainer.max_rollbacks, ") reached");
+      } else {
+        ++rollbacks;
+        bad_steps.insert(step_start);
+        drop_gradients();
+        restore(ckpt);
+        if (group) {
+          const int64_t lo = group->reduce_int(step, dist::ReduceOp::Min);
+          const int64_t hi = group->reduce_int(step, dist::ReduceOp::Max);
+          if (lo != hi) {
+            throw Error(log::str("on_nonfinite rollback: the ranks found different newest checkpoints (steps ", lo,
+                                 " to ", hi, "); the run directory must be shared"));
+          }
+        }
+        log::warn(log::str(what, " at ", where, "; rolled back to ", ckpt, " (step ", step,
+                           ") and will skip that step's samples (rollback ", rollbacks, " of at most ",
+                           config.trainer.max_rollbacks, ")"));
+        return;
+      }
+    }
+    throw Error(log::str(what, " at ", where, "; ", nonfinite_culprit(), ". The weights are still those after step ",
+                         step, why_not, ". Lower optim.lr, set optim.clip_grad_norm",
+                         config.trainer.on_nonfinite == "stop" ? ", or set trainer.on_nonfinite: rollback to skip the batch"
+                                                               : ""));
+  }
+
+  // Names where a non-finite loss came from: the first parameter (registration order) whose
+  // gradient is not finite, or else whose value is not.
+  std::string nonfinite_culprit() const {
+    torch::NoGradGuard no_grad;
+    for (const auto& p : model->named_parameters()) {
+      const auto& g = p.value().grad();
+      if (g.defined() && !g.isfinite().all().item<bool>()) return "the first non-finite gradient is " + p.key() + "'s";
+    }
+    for (const auto& p : model->named_parameters()) {
+      if (!p.value().isfinite().all().item<bool>()) return "the gradients are finite but parameter " + p.key() + " is not";
+    }
+    return "every gradient and parameter is finite (the loss itself overflowed; check the inputs and labels)";
   }
   double epoch_progress() const {
     const auto pos = consumed();
@@ -197,6 +392,12 @@ struct Trainer::Impl {
     state.samples_seen = samples_seen;
     state.config_yaml = to_yaml(config);
     state.tensors["rng/cpu"] = compat::cpu_rng_state();
+    state.tensors["trainer/micro_batch"] = torch::tensor(plan.micro_batch, torch::kLong);
+    if (!bad_steps.empty()) {
+      std::vector<int64_t> flat;
+      for (const auto& [epoch, sample] : bad_steps) flat.insert(flat.end(), {epoch, sample});
+      state.tensors["trainer/bad_steps"] = torch::tensor(flat, torch::kLong).view({-1, 2});
+    }
     for (auto& [name, tensor] : scaler->state()) state.tensors[name] = tensor;
     save_checkpoint(path, *model, optimizer.get(), state);
     prune_checkpoints(checkpoint_dir(), config.checkpoint.keep_last, path);
@@ -236,18 +437,7 @@ Trainer::Trainer(Config config, Plan plan, models::ModelPtr model, data::Dataset
   GradScalerOptions scaling;
   scaling.enabled = s.plan.loss_scaling;  // disabled: scale/step/update are pass-throughs
   s.scaler = std::make_unique<GradScaler>(scaling);
-  data::LoaderOptions lo;
-  lo.batch_size = s.plan.micro_batch;
-  lo.shuffle = s.config.data.shuffle;
-  lo.drop_last = true;
-  lo.workers = s.plan.workers;
-  lo.prefetch = s.plan.prefetch;
-  lo.seed = static_cast<uint64_t>(s.config.trainer.seed);
-  lo.pin_memory = s.plan.pin_memory;
-  lo.rank = s.plan.rank;
-  lo.world_size = s.plan.world_size;
-  lo.on_error = data::parse_on_error(s.config.data.on_error);
-  s.loader = std::make_unique<data::Loader>(s.train_set, lo);
+  s.make_loader();
   if (s.device.is_cuda() && s.plan.pin_memory) s.feeder = std::make_unique<DeviceFeeder>(s.device, s.plan.channels_last);
   if (!s.run_dir.empty() && s.plan.rank == 0) s.metrics = MetricsSink(s.run_dir, s.config.logging);
 }
@@ -257,6 +447,7 @@ Trainer::~Trainer() = default;
 const Plan& Trainer::plan() const { return impl_->plan; }
 models::Model& Trainer::model() { return *impl_->model; }
 void Trainer::request_stop() { impl_->stop.store(true); }
+void Trainer::on_out_of_memory(OomListener listener) { impl_->on_oom = std::move(listener); }
 
 EvalResult Trainer::evaluate() {
   auto& s = *impl_;
@@ -327,14 +518,8 @@ FitResult Trainer::fit(const std::string& resume) {
     resume_path = ckpt_dir.empty() ? "" : latest_checkpoint(ckpt_dir);
     if (resume_path.empty()) log::info("resume auto: no checkpoint in " + ckpt_dir + "; starting fresh");
   }
-  data::LoaderPosition start_pos{0, 0};
   if (!resume_path.empty()) {
-    const TrainState st = load_checkpoint(resume_path, *s.model, s.optimizer.get());
-    s.step = st.step;
-    s.samples_seen = st.samples_seen;
-    start_pos = {st.epoch, st.batch_in_epoch};
-    if (auto it = st.tensors.find("rng/cpu"); it != st.tensors.end()) compat::set_cpu_rng_state(it->second);
-    if (s.plan.loss_scaling && st.tensors.count("scaler/scale")) s.scaler->load_state(st.tensors);
+    const TrainState st = s.restore(resume_path);
     result.resumed_from_step = s.step;
     log::info(log::str("resumed from ", resume_path, " at step ", s.step, " (epoch ", st.epoch, ", batch ",
                        st.batch_in_epoch, ")"));
@@ -346,17 +531,17 @@ FitResult Trainer::fit(const std::string& resume) {
     s.sync->broadcast_parameters();  // identical replicas, whatever each rank initialised or loaded
     log::info("distributed: gradient allreduce in " + s.sync->describe());
   }
-  s.loader->start(start_pos);
+  if (resume_path.empty()) s.loader->start({0, 0});
   s.model->train();
 
   const LrSchedule schedule(s.config.schedule, s.plan.lr, s.plan.total_steps, s.plan.warmup_steps);
   const int64_t log_every = std::max<int64_t>(1, s.config.logging.every_steps);
   Meter step_time, loss_meter;
-  auto window_loss = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(s.device));
-  int64_t window_steps = 0, window_samples = 0;
+  double window_loss = 0;  // sum of the step losses (means over each step's global batch) in the window
+  int64_t window_steps = 0, window_samples = 0, window_loss_steps = 0;
   auto window_start = Clock::now();
-  double window_wait_start = s.loader->wait_seconds();
-  const double wait_at_start = s.loader->wait_seconds();
+  double window_wait_start = s.loader_wait();
+  const double wait_at_start = s.loader_wait();
   const auto loop_start = Clock::now();
   const int64_t first_step = s.step;
 
@@ -374,29 +559,84 @@ FitResult Trainer::fit(const std::string& resume) {
 
   bool evaluated_at_end = false;
   while (s.step < s.plan.total_steps) {
+    s.skip_bad_steps();
     const auto t0 = Clock::now();
+    const auto step_start = s.sample_position();
     s.optimizer->zero_grad();
     // Like PyTorch's DDP: rank 0's BatchNorm statistics go to every rank before the forward.
     if (s.sync && s.has_buffers && s.config.distributed.broadcast_buffers) s.sync->broadcast_buffers();
-    auto step_loss = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(s.device));
-    for (int64_t micro = 0; micro < s.plan.accum_steps; ++micro) {
-      // Only the last micro-step of an accumulation communicates (no_sync for the others).
-      if (s.sync) s.sync->prepare(micro + 1 == s.plan.accum_steps);
-      const data::Batch batch = s.next_batch();
-      torch::Tensor loss;
-      {
-        AutocastScope amp(s.device.type(), s.autocast_dtype(), s.autocast());
-        loss = loss_fn(s.model->forward(batch.input), batch.target, s.config.loss.label_smoothing);
+    // The micro-batch losses stay on the device until the one read after the step (that read is
+    // the step's only host sync besides the optimizer's own).
+    std::vector<torch::Tensor> micro_losses;
+    micro_losses.reserve(static_cast<size_t>(s.plan.accum_steps));
+    std::string oom;  // what ran out of memory in this step, on this rank
+    try {
+      for (int64_t micro = 0; micro < s.plan.accum_steps; ++micro) {
+        // Only the last micro-step of an accumulation communicates (no_sync for the others).
+        if (s.sync) s.sync->prepare(micro + 1 == s.plan.accum_steps);
+        const data::Batch batch = s.next_batch();
+        torch::Tensor loss;
+        {
+          AutocastScope amp(s.device.type(), s.autocast_dtype(), s.autocast());
+          loss = loss_fn(s.model->forward(batch.input), batch.target, s.config.loss.label_smoothing);
+        }
+        // Every micro-batch has the same size, so the mean over the global batch is the mean
+        // of the micro-batch means.
+        s.scaler->scale(loss / static_cast<double>(s.plan.accum_steps)).backward();
+        micro_losses.push_back(loss.detach());
       }
-      // Every micro-batch has the same size, so the mean over the global batch is the mean
-      // of the micro-batch means.
-      s.scaler->scale(loss / static_cast<double>(s.plan.accum_steps)).backward();
-      step_loss += loss.detach().to(torch::kDouble);
+      if (s.sync) s.sync->finish();  // averaged gradients, before unscaling, clipping and the step
+    } catch (const c10::OutOfMemoryError& e) {
+      // The activations and the autograd graph went with the stack; the gradients go now.
+      oom = first_line(e.what());
+      if (!s.config.tuning.oom_recovery) {
+        throw Error(log::str("out of memory in step ", s.step + 1, " at micro-batch ", s.plan.micro_batch, ": ", oom,
+                             " (tuning.oom_recovery is off; set tuning.micro_batch lower)"));
+      }
+      if (s.sync) s.sync->abandon();  // the other ranks are not left waiting in their allreduce
+      s.drop_gradients();
+      micro_losses.clear();
     }
-    if (s.sync) s.sync->finish();  // averaged gradients, before unscaling, clipping and the step
+    // A non-finite loss is caught before the weights change. With loss scaling the scaler deals
+    // with it (non-finite gradients skip the step and lower the scale).
+    // Mean of the micro-batch means = the mean over the step's batch on this rank.
+    double step_loss = 0;
+    if (micro_losses.size() == 1) {
+      step_loss = micro_losses[0].item<double>();
+    } else if (!micro_losses.empty()) {
+      step_loss = torch::stack(micro_losses).to(torch::kDouble).mean().item<double>();
+    }
+    const bool nonfinite = oom.empty() && !std::isfinite(step_loss);
+    bool stopping = s.stop.load();
+    bool any_oom = !oom.empty();
+    bool any_nonfinite = nonfinite && !s.plan.loss_scaling;
+    if (s.group) {
+      // All ranks take the same decision: a stop request (SIGTERM) may reach one rank only, and
+      // out-of-memory errors and non-finite losses happen on one rank first.
+      const int64_t base = s.group->size() + 1;
+      const int64_t flags = s.group->reduce_int((stopping ? 1 : 0) + (any_nonfinite ? base : 0) +
+                                                    (any_oom ? base * base : 0),
+                                                dist::ReduceOp::Sum);
+      stopping = flags % base != 0;
+      any_nonfinite = (flags / base) % base != 0;
+      any_oom = flags / (base * base) != 0;
+    }
+    if (any_oom) {
+      s.recover_from_oom(oom, step_start);
+      continue;
+    }
+    if (any_nonfinite) {
+      s.handle_nonfinite(step_loss, step_start);
+      continue;
+    }
     if (s.config.optim.clip_grad_norm > 0) {
       s.scaler->unscale(*s.optimizer);  // clip the true gradients, not the scaled ones
-      clip_grad_norm(*s.model, s.config.optim.clip_grad_norm);
+      const double norm = clip_grad_norm(*s.model, s.config.optim.clip_grad_norm);
+      // The gradients are the same on every rank, so every rank sees the same norm.
+      if (!s.plan.loss_scaling && !std::isfinite(norm)) {
+        s.handle_nonfinite(step_loss, step_start);
+        continue;
+      }
     }
     const double lr = schedule.at(s.step);
     set_learning_rate(*s.optimizer, lr);
@@ -404,28 +644,29 @@ FitResult Trainer::fit(const std::string& resume) {
     s.scaler->update();
     ++s.step;
     s.samples_seen += s.plan.global_batch;
-    window_loss += step_loss / static_cast<double>(s.plan.accum_steps);
+    if (nonfinite) {
+      ++s.scaler_skipped_nonfinite;  // loss scaling: the scaler skipped this one
+    } else {
+      window_loss += step_loss;
+      ++window_loss_steps;
+    }
     ++window_steps;
     window_samples += s.plan.micro_batch * s.plan.accum_steps;
     step_time.add(seconds_since(t0));
 
     // Epoch boundary: the loader has delivered every whole step of this epoch.
-    bool epoch_end = false;
-    if (s.consumed().batch >= s.batches_per_epoch()) {
-      s.loader->start({s.consumed().epoch + 1, 0});
-      epoch_end = true;
-    }
+    const bool epoch_end = s.maybe_next_epoch();
     const bool last = s.step == s.plan.total_steps;
 
     if (s.step % log_every == 0 || last) {
       const double elapsed = seconds_since(window_start);
-      const double waited = s.loader->wait_seconds() - window_wait_start;
+      const double waited = s.loader_wait() - window_wait_start;
       if (s.group) {  // the loss of the global batch: the mean over ranks
-        s.group->allreduce(window_loss, dist::ReduceOp::Sum);
-        window_loss.div_(static_cast<double>(s.group->size()));
+        window_loss = s.group->reduce_double(window_loss, dist::ReduceOp::Sum) / static_cast<double>(s.group->size());
         window_samples *= s.group->size();
       }
-      const double mean_loss = window_loss.item<double>() / static_cast<double>(window_steps);
+      const double mean_loss =
+          window_loss_steps > 0 ? window_loss / static_cast<double>(window_loss_steps) : 0.0;
       if (!std::isfinite(mean_loss)) {
         throw Error(log::str("loss is ", mean_loss, " at step ", s.step,
                              "; lower optim.lr or enable optim.clip_grad_norm"));
@@ -444,11 +685,12 @@ FitResult Trainer::fit(const std::string& resume) {
           .add("peak_memory_mib", peak_memory_mib(s.device.str()));
       if (s.plan.loss_scaling) r.add("loss_scale", s.scaler->get_scale());
       s.metrics.write(r);
-      window_loss.zero_();
+      window_loss = 0;
       window_steps = 0;
+      window_loss_steps = 0;
       window_samples = 0;
       window_start = Clock::now();
-      window_wait_start = s.loader->wait_seconds();
+      window_wait_start = s.loader_wait();
       step_time.reset();
     }
 
@@ -457,9 +699,9 @@ FitResult Trainer::fit(const std::string& resume) {
       result.val = evaluate_and_log();
       evaluated_at_end = last;
     }
-    bool stopping = s.stop.load();
-    // A stop request (SIGTERM) may reach one rank only; all ranks stop after the same step.
-    if (s.group) stopping = s.group->reduce_int(stopping ? 1 : 0, dist::ReduceOp::Max) != 0;
+    // A single process also notices a stop request that came during this step; ranks stop after
+    // the step in which they agreed to.
+    if (!s.group) stopping = stopping || s.stop.load();
     const int64_t every = s.config.checkpoint.every_steps;
     if (!ckpt_dir.empty() && ((every > 0 && s.step % every == 0) || last || stopping)) {
       result.last_checkpoint = checkpoint_path(ckpt_dir, s.step);
@@ -485,15 +727,21 @@ FitResult Trainer::fit(const std::string& resume) {
       log::warn(log::str("distributed: parameters of ", result.diverged_ranks, " rank(s) differ from rank 0's"));
     }
   }
-  if (s.loader->skipped() > 0) {
-    log::warn(log::str("data.on_error skip: ", s.loader->skipped(),
+  if (s.scaler_skipped_nonfinite > 0) {
+    log::warn(log::str("loss scaling: ", s.scaler_skipped_nonfinite,
+                       " step(s) had a non-finite loss and were skipped by the scaler"));
+  }
+  result.oom_recoveries = s.oom_recoveries;
+  result.rollbacks = s.rollbacks;
+  if (s.loader_skipped() > 0) {
+    log::warn(log::str("data.on_error skip: ", s.loader_skipped(),
                        " training sample(s) could not be loaded and were replaced (the first are named above)"));
   }
-  result.skipped_samples = s.loader->skipped();
+  result.skipped_samples = s.loader_skipped();
   result.steps = s.step;
   result.seconds = seconds_since(fit_start);
   const double loop_time = seconds_since(loop_start);
-  result.data_wait_fraction = loop_time > 0 ? (s.loader->wait_seconds() - wait_at_start) / loop_time : 0.0;
+  result.data_wait_fraction = loop_time > 0 ? (s.loader_wait() - wait_at_start) / loop_time : 0.0;
   return result;
 }
 

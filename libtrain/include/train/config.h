@@ -119,6 +119,8 @@ struct TrainerConfig {
   std::string device = "auto";   // auto | cpu | cuda | cuda:N
   int64_t threads = 0;           // intra-op CPU threads; 0 = the cores available to the process
   double stop_grace_s = 60;      // after SIGTERM/SIGINT: finish the step and checkpoint within this, or exit
+  std::string on_nonfinite = "stop";  // non-finite loss without loss scaling: stop | rollback
+  int64_t max_rollbacks = 3;     // on_nonfinite rollback: give up (stop) after this many in one run
 };
 
 struct TuningConfig {
@@ -131,6 +133,7 @@ struct TuningConfig {
   int64_t max_micro_batch = 0;   // upper bound for the plan's choice; 0 = none
   bool probe = true;             // measure memory and throughput to choose the micro-batch on a GPU
   double memory_fraction = 0.9;  // share of the device's free memory the plan may use
+  bool oom_recovery = true;      // out of memory in a step: halve the micro-batch, double accumulation, redo it
   std::string cache_dir;         // plan cache; "" = $XDG_CACHE_HOME/train/plans or ~/.cache/train/plans
 };
 

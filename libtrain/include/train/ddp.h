@@ -58,6 +58,11 @@ class GradSync {
   // Call after the synchronising backward: launches any bucket that is still waiting (unused
   // parameters), waits for every allreduce and writes averaged gradients into param.grad().
   void finish();
+  // Call instead of finish() when this rank's forward or backward failed part-way (out of
+  // memory): it still takes part in every allreduce of the step, in order, so the other ranks are
+  // not left waiting, and leaves param.grad() alone. The step's result is to be discarded on every
+  // rank (the trainer agrees on that right after). Works whether or not prepare(true) was called.
+  void abandon();
   // A checksum of every parameter's bytes, identical across ranks when the replicas agree.
   // Compares it across ranks and returns the number of ranks whose parameters differ from rank 0.
   int64_t count_diverged_ranks();

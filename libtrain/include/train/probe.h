@@ -84,9 +84,13 @@ MemoryFit fit_memory(std::vector<ProbePoint> points);
 // counted, including the scratch buffers LibTorch's oneDNN convolutions request through it; memory
 // that libraries allocate for themselves (oneDNN's primitive cache, BLAS buffers) is not. Memory
 // allocated while the counter was alive may be freed at any time later, from any thread.
+//
+// With limit_bytes > 0 it is also an injectable memory limit for tests: an allocation that would
+// take live_bytes() above it throws c10::OutOfMemoryError, as CUDA's caching allocator does when
+// the device is full, so the trainer's out-of-memory recovery can be exercised on a CPU.
 class CpuMemoryCounter {
  public:
-  CpuMemoryCounter();  // throws std::logic_error while another counter is alive
+  explicit CpuMemoryCounter(int64_t limit_bytes = 0);  // throws std::logic_error while another counter is alive
   ~CpuMemoryCounter();
   CpuMemoryCounter(const CpuMemoryCounter&) = delete;
   CpuMemoryCounter& operator=(const CpuMemoryCounter&) = delete;

@@ -8,6 +8,8 @@
 #include <train/models/model.h>
 #include <train/plan.h>
 
+#include <functional>
+
 namespace train {
 
 struct RunParts {
@@ -18,6 +20,10 @@ struct RunParts {
   data::DatasetPtr val;
   Plan plan;
   dist::GroupPtr group;  // this job's process group; null for a single process
+  // For Trainer::on_out_of_memory: records the micro-batch that fits in the plan cache, so the
+  // next run with the same key plans it from the start. Null when the micro-batch is fixed by the
+  // config or on ranks other than 0.
+  std::function<void(int64_t failed_micro_batch, int64_t new_micro_batch)> record_oom;
 };
 
 struct RunOptions {

@@ -7,6 +7,7 @@
 #include <train/plan.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -32,7 +33,13 @@ struct FitResult {
   // backward).
   int64_t diverged_ranks = 0;
   double allreduce_wait_seconds = 0;
+  int64_t oom_recoveries = 0;    // steps redone with a halved micro-batch after running out of memory
+  int64_t rollbacks = 0;         // trainer.on_nonfinite rollback: reloads of the newest checkpoint
 };
+
+// Called after the trainer recovered from running out of memory, with the micro-batch that
+// failed and the one it continues with (for the plan cache).
+using OomListener = std::function<void(int64_t failed_micro_batch, int64_t new_micro_batch)>;
 
 class Trainer {
  public:
@@ -47,7 +54,13 @@ class Trainer {
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 
-  // Trains to plan.total_steps. `resume` is "" (fresh start), a checkpoint path, or "auto"
+  // Trains to plan.total_steps.
+  //
+  // Out of memory inside a step (tuning.oom_recovery): the step is dropped, the micro-batch halved
+  // and the accumulation doubled on every rank, and the step redone with the same samples; plan()
+  // then shows the new micro-batch. A non-finite loss without loss scaling: trainer.on_nonfinite
+  // stops (train::Error naming the step and the first non-finite gradient, weights untouched) or
+  // rolls back to the newest checkpoint and skips the step's samples. `resume` is "" (fresh start), a checkpoint path, or "auto"
   // (the newest checkpoint in <run_dir>/checkpoints, or a fresh start when there is none).
   FitResult fit(const std::string& resume = "");
   EvalResult evaluate();
@@ -55,6 +68,7 @@ class Trainer {
   // Stops after the current optimizer step (and writes a checkpoint); safe from a signal
   // handler's flag-polling thread.
   void request_stop();
+  void on_out_of_memory(OomListener listener);
 
   const Plan& plan() const;
   models::Model& model();

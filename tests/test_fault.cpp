@@ -1,0 +1,307 @@
+// Fault tolerance inside a run: out-of-memory recovery (with the CPU allocator limit standing in
+// for a full GPU) and the non-finite loss policy (stop or roll back).
+#include "testing.h"
+
+#include <train/checkpoint.h>
+#include <train/config.h>
+#include <train/errors.h>
+#include <train/files.h>
+#include <train/models/model.h>
+#include <train/probe.h>
+#include <train/run.h>
+#include <train/trainer.h>
+
+#include <torch/torch.h>
+
+#include <atomic>
+#include <limits>
+
+using namespace train;
+
+namespace {
+
+// Wide hidden layer with a chain of SiLUs: activations (per sample) dominate the memory of a step, so halving the
+// micro-batch visibly lowers the peak. No batch statistics: micro-batching does not change the
+// update.
+class WideMlp : public models::Model {
+ public:
+  explicit WideMlp(const ModelConfig& c) {
+    fc1 = register_module("fc1", torch::nn::Linear(c.in_channels * 8 * 8, 2048));
+    fc2 = register_module("fc2", torch::nn::Linear(2048, c.num_classes));
+  }
+  torch::Tensor forward(const torch::Tensor& x) override {
+    auto h = fc1->forward(x.flatten(1));
+    for (int i = 0; i < 4; ++i) h = h * torch::sigmoid(h);  // each keeps two [B, 2048] tensors for backward
+    return fc2->forward(h);
+  }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+
+// Produces a NaN in the forward passes whose (1-based) count is in [nan_from, nan_to].
+std::atomic<int> g_forward_calls{0};
+std::atomic<int> g_nan_from{std::numeric_limits<int>::max()};
+std::atomic<int> g_nan_to{std::numeric_limits<int>::max()};
+
+class PoisonedMlp : public models::Model {
+ public:
+  explicit PoisonedMlp(const ModelConfig& c) {
+    fc1 = register_module("fc1", torch::nn::Linear(c.in_channels * 8 * 8, 32));
+    fc2 = register_module("fc2", torch::nn::Linear(32, c.num_classes));
+  }
+  torch::Tensor forward(const torch::Tensor& x) override {
+    auto h = torch::relu(fc1->forward(x.flatten(1)));
+    const int call = ++g_forward_calls;
+    if (call >= g_nan_from && call <= g_nan_to) h = h * std::numeric_limits<float>::quiet_NaN();
+    return fc2->forward(h);
+  }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+
+void register_models() {
+  static const bool once = [] {
+    models::register_model("wide_mlp", [](const ModelConfig& c) { return std::make_shared<WideMlp>(c); },
+                           "wide two-layer MLP for the out-of-memory tests");
+    models::register_model("poisoned_mlp", [](const ModelConfig& c) { return std::make_shared<PoisonedMlp>(c); },
+                           "MLP that turns chosen forward passes into NaN");
+    return true;
+  }();
+  (void)once;
+}
+
+void poison(int from, int to) {
+  g_forward_calls = 0;
+  g_nan_from = from;
+  g_nan_to = to;
+}
+
+Config config_for(const std::string& model, std::vector<std::string> sets) {
+  register_models();
+  return parse_config("model: {name: " + model + ", in_channels: 1, num_classes: 10}\n"
+                      "data: {kind: synthetic, channels: 1, image_size: 8, synthetic_train_samples: 256,"
+                      " synthetic_val_samples: 64, workers: 0}\n"
+                      "optim: {name: sgd, lr: 0.05, momentum: 0.9}\n"
+                      "schedule: {name: constant}\n"
+                      "trainer: {global_batch: 32, max_steps: 4, device: cpu, threads: 1}\n"
+                      "logging: {every_steps: 1000}\n",
+                      "fault_test.yaml", sets);
+}
+
+std::vector<torch::Tensor> snapshot(Trainer& trainer) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : trainer.model().parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+bool identical(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!torch::equal(a[i], b[i])) return false;
+  }
+  return true;
+}
+
+struct OomRun {
+  std::vector<torch::Tensor> params;
+  int64_t peak = 0;
+  FitResult result;
+  Plan plan;
+  std::vector<std::pair<int64_t, int64_t>> events;
+};
+
+// Trains under a CPU memory limit (0 = none) and reports the peak the counter saw.
+OomRun run_limited(const Config& config, int64_t limit) {
+  torch::manual_seed(0);
+  RunParts run = prepare_run(config);
+  OomRun out;
+  {
+    CpuMemoryCounter counter(limit);
+    Trainer trainer(config, run.plan, run.model, run.train, nullptr, "");
+    trainer.on_out_of_memory([&](int64_t failed, int64_t next) { out.events.emplace_back(failed, next); });
+    out.result = trainer.fit();
+    out.peak = counter.peak_bytes();
+    out.params = snapshot(trainer);
+    out.plan = trainer.plan();
+  }
+  return out;
+}
+
+std::string temp_dir(const std::string& name) { return files::make_temp_directory("train_fault_" + name + "_"); }
+
+}  // namespace
+
+TEST_CASE("out of memory: the micro-batch halves, the global batch stays, the step is redone with the same samples",
+          "[fault][oom]") {
+  // Without momentum every step has the same peak, so the first one runs out.
+  const Config whole = config_for("wide_mlp", {"tuning.micro_batch=32", "optim.momentum=0"});
+  const Config halves = config_for("wide_mlp", {"tuning.micro_batch=16", "optim.momentum=0"});
+  const OomRun big = run_limited(whole, 0);
+  const OomRun small = run_limited(halves, 0);
+  REQUIRE(big.plan.micro_batch == 32);
+  REQUIRE(small.plan.accum_steps == 2);
+  // The limit lies between the two peaks: micro-batch 32 cannot run, 16 can.
+  INFO("peak at 32: " << big.peak << " bytes, at 16: " << small.peak);
+  REQUIRE(big.peak > small.peak + small.peak / 20);
+  const int64_t limit = (big.peak + small.peak) / 2;
+
+  const OomRun recovered = run_limited(whole, limit);
+  CHECK(recovered.result.oom_recoveries == 1);
+  CHECK(recovered.result.steps == 4);
+  CHECK(recovered.plan.micro_batch == 16);
+  CHECK(recovered.plan.accum_steps == 2);
+  CHECK(recovered.plan.global_batch == 32);
+  REQUIRE(recovered.events.size() == 1);
+  CHECK(recovered.events[0] == std::make_pair<int64_t, int64_t>(32, 16));
+  // Nothing lost, nothing repeated: bit for bit the run that used micro-batch 16 from the start.
+  CHECK(identical(recovered.params, small.params));
+  CHECK(!identical(recovered.params, big.params));  // (the two runs differ in summation order)
+
+  SECTION("with tuning.oom_recovery off it is an error naming the micro-batch") {
+    const Config off = config_for("wide_mlp", {"tuning.micro_batch=32", "optim.momentum=0", "tuning.oom_recovery=false"});
+    try {
+      run_limited(off, limit);
+      FAIL("no error");
+    } catch (const Error& e) {
+      CHECK_THAT(e.what(), Catch::Contains("out of memory in step 1 at micro-batch 32"));
+      CHECK_THAT(e.what(), Catch::Contains("tuning.oom_recovery is off"));
+    }
+  }
+  SECTION("when even micro-batch 1 does not fit, the error says so") {
+    try {
+      run_limited(whole, small.peak / 4);
+      FAIL("no error");
+    } catch (const Error& e) {
+      CHECK_THAT(e.what(), Catch::Contains("at micro-batch 1"));
+    }
+  }
+}
+
+TEST_CASE("out of memory mid-run: checkpoints written after the change resume at the new micro-batch",
+          "[fault][oom][resume]") {
+  const Config whole = config_for("wide_mlp", {"tuning.micro_batch=32", "trainer.max_steps=6",
+                                               "checkpoint.every_steps=2"});
+  const Config halves = config_for("wide_mlp", {"tuning.micro_batch=16", "trainer.max_steps=6"});
+  const OomRun big = run_limited(config_for("wide_mlp", {"tuning.micro_batch=32"}), 0);
+  const OomRun small = run_limited(halves, 0);
+  const int64_t limit = (big.peak + small.peak) / 2;
+
+  const std::string dir = temp_dir("oom_resume");
+  torch::manual_seed(0);
+  RunParts run = prepare_run(whole);
+  {
+    CpuMemoryCounter counter(limit);
+    Trainer trainer(whole, run.plan, run.model, run.train, nullptr, dir);
+    const FitResult r = trainer.fit();
+    CHECK(r.oom_recoveries == 1);
+  }
+  // A fresh process plans micro-batch 32 again (no cache here); the checkpoint's position is in
+  // micro-batches of 16 and must be converted, not misread.
+  torch::manual_seed(0);
+  RunParts again = prepare_run(whole);
+  Trainer resumed(whole, again.plan, again.model, again.train, nullptr, dir);
+  const std::string ckpt = checkpoint_path(files::join(dir, "checkpoints"), 4);
+  REQUIRE(files::exists(ckpt));
+  resumed.fit(ckpt);  // no limit now: steps 5 and 6 at micro-batch 32
+  const OomRun reference = run_limited(halves, 0);
+  // Same samples in steps 5-6; only the micro-batch split (summation order) differs.
+  const auto got = snapshot(resumed);
+  REQUIRE(got.size() == reference.params.size());
+  for (size_t i = 0; i < got.size(); ++i) CHECK(torch::allclose(got[i], reference.params[i], 1e-5, 1e-6));
+  files::remove_all(dir);
+}
+
+TEST_CASE("non-finite loss, on_nonfinite stop: exit 1 naming the step and the first bad gradient, weights untouched",
+          "[fault][nonfinite]") {
+  const Config config = config_for("poisoned_mlp", {});
+  poison(1000, 1000);
+  const OomRun two = run_limited(config_for("poisoned_mlp", {"trainer.max_steps=2"}), 0);
+
+  poison(3, 3);  // the third step's forward
+  torch::manual_seed(0);
+  RunParts run = prepare_run(config);
+  Trainer trainer(config, run.plan, run.model, run.train, nullptr, "");
+  try {
+    trainer.fit();
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.exit_code() == kExitRuntime);
+    CHECK_THAT(e.what(), Catch::Contains("the loss is nan at step 3"));
+    CHECK_THAT(e.what(), Catch::Contains("fc1.weight"));  // registration order: fc1 comes first
+    CHECK_THAT(e.what(), Catch::Contains("weights are still those after step 2"));
+    CHECK_THAT(e.what(), Catch::Contains("trainer.on_nonfinite: rollback"));
+  }
+  CHECK(identical(snapshot(trainer), two.params));
+}
+
+TEST_CASE("non-finite loss, on_nonfinite rollback: back to the newest checkpoint, the batch skipped, training goes on",
+          "[fault][nonfinite]") {
+  const std::string dir = temp_dir("rollback");
+  const Config config = config_for("poisoned_mlp", {"trainer.max_steps=6", "checkpoint.every_steps=2",
+                                                    "trainer.on_nonfinite=rollback"});
+  poison(4, 4);  // step 4; the newest checkpoint is step 2
+  torch::manual_seed(0);
+  RunParts run = prepare_run(config);
+  {
+    Trainer trainer(config, run.plan, run.model, run.train, nullptr, dir);
+    const FitResult r = trainer.fit();
+    CHECK(r.rollbacks == 1);
+    CHECK(r.steps == 6);
+    for (const auto& p : snapshot(trainer)) CHECK(p.isfinite().all().item<bool>());
+    // Steps 3 and 4 after the rollback were called as forward passes 5 and 6 (4 was poisoned); the
+    // skipped batch is the one at samples 96..127 of epoch 0 (step 4 = the 4th of 32 samples each).
+    CHECK(g_forward_calls == 4 + 4);  // 4 before the rollback, then steps 3..6 again
+  }
+  // The skip list is in the checkpoints, so a resumed run skips the same batch.
+  TrainState st;
+  {
+    torch::manual_seed(0);
+    RunParts probe = prepare_run(config);
+    st = load_checkpoint(checkpoint_path(files::join(dir, "checkpoints"), 6), *probe.model, nullptr);
+  }
+  REQUIRE(st.tensors.count("trainer/bad_steps") == 1);
+  const auto bad = st.tensors.at("trainer/bad_steps");
+  CHECK(bad.size(0) == 1);
+  CHECK(bad[0][0].item<int64_t>() == 0);
+  CHECK(bad[0][1].item<int64_t>() == 96);
+
+  SECTION("a loss that stays non-finite stops after trainer.max_rollbacks") {
+    const std::string dir2 = temp_dir("rollback_max");
+    const Config stubborn = config_for("poisoned_mlp", {"trainer.max_steps=6", "checkpoint.every_steps=1",
+                                                        "trainer.on_nonfinite=rollback", "trainer.max_rollbacks=2"});
+    poison(3, 1000);
+    torch::manual_seed(0);
+    RunParts r2 = prepare_run(stubborn);
+    Trainer t2(stubborn, r2.plan, r2.model, r2.train, nullptr, dir2);
+    CHECK_THROWS_WITH(t2.fit(), Catch::Contains("trainer.max_rollbacks (2) reached"));
+    files::remove_all(dir2);
+  }
+  SECTION("without a checkpoint there is nothing to roll back to") {
+    const Config nodir = config_for("poisoned_mlp", {"trainer.on_nonfinite=rollback"});
+    poison(2, 2);
+    torch::manual_seed(0);
+    RunParts r3 = prepare_run(nodir);
+    Trainer t3(nodir, r3.plan, r3.model, r3.train, nullptr, "");
+    CHECK_THROWS_WITH(t3.fit(), Catch::Contains("no checkpoint to roll back to"));
+  }
+  poison(1000, 1000);
+  files::remove_all(dir);
+}
+
+TEST_CASE("out of memory: the plan cache remembers the micro-batch that fits for the next run", "[fault][oom][plan]") {
+  const std::string cache = temp_dir("oom_cache");
+  const Config config = config_for("wide_mlp", {"tuning.cache_dir=" + cache});
+  RunParts first = prepare_run(config);
+  REQUIRE(first.plan.micro_batch == 32);  // the whole batch in one pass on a CPU
+  REQUIRE(first.record_oom);
+  first.record_oom(32, 16);  // what the trainer reports after recovering
+
+  RunParts second = prepare_run(config);
+  CHECK(second.plan.micro_batch == 16);
+  CHECK(second.plan.accum_steps == 2);
+  CHECK(second.plan.global_batch == 32);
+  CHECK_THAT(second.plan.to_text(), Catch::Contains("out of memory at micro-batch 32 during training"));
+
+  // A micro-batch fixed in the config is the user's choice: nothing is recorded.
+  RunParts fixed = prepare_run(config_for("wide_mlp", {"tuning.cache_dir=" + cache, "tuning.micro_batch=8"}));
+  CHECK(!fixed.record_oom);
+  files::remove_all(cache);
+}
