@@ -45,7 +45,7 @@ TEST_CASE("cli: usage errors exit 2", "[cli]") {
   CHECK(cli({"config", "--reference"}) == train::kExitOk);
 }
 
-TEST_CASE("cli: an invalid config exits 2 and writes nothing", "[cli]") {
+TEST_CASE("cli: an invalid config exits 2, missing data 1, and neither writes anything", "[cli]") {
   TempDir tmp("badcfg");
   const std::string bad = tmp.write("bad.yaml", std::string(kSynthetic) + "optim: {lr: -1}\n");
   const std::string run_dir = tmp / "run";
@@ -56,7 +56,7 @@ TEST_CASE("cli: an invalid config exits 2 and writes nothing", "[cli]") {
   CHECK(cli({"fit", good, "--run-dir", run_dir, "--set", "optim.lrr=0.1"}) == train::kExitInvalid);
   CHECK(cli({"fit", tmp.write("missing_data.yaml", "model: {name: resnet18}\ndata: {kind: idx, root: /nonexistent}\n"
                                                    "trainer: {global_batch: 8, epochs: 1}\n"),
-             "--run-dir", run_dir}) == train::kExitInvalid);
+             "--run-dir", run_dir}) == train::kExitData);
   CHECK(cli({"fit", good, "--run-dir", run_dir, "--resume", tmp / "nope.pt"}) == train::kExitInvalid);
   CHECK(cli({"fit", good, "--run-dir", run_dir, "--resume", tmp.write("corrupt.pt", "garbage")}) == train::kExitInvalid);
   CHECK_FALSE(train::files::exists(run_dir));

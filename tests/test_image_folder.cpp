@@ -436,7 +436,7 @@ TEST_CASE("ImageFolder directory and config errors", "[data][image_folder]") {
       FAIL("expected a DataError");
     } catch (const train::DataError& e) {
       CHECK_THAT(std::string(e.what()), Contains(dir / "nowhere"));
-      CHECK(e.exit_code() == train::kExitInvalid);
+      CHECK(e.exit_code() == train::kExitData);
     }
     config = folder_config(dir.path);
     config.val_dir = "validation";

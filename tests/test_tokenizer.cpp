@@ -115,7 +115,7 @@ TEST_CASE("vocab file errors name the file and line", "[tokenizer]") {
     try {
       Vocab::load(path);
     } catch (const train::DataError& e) {
-      CHECK(e.exit_code() == train::kExitInvalid);
+      CHECK(e.exit_code() == train::kExitData);
       return std::string(e.what());
     }
     return std::string("no error");

@@ -17,7 +17,8 @@
 //       The baselines the trained models must beat: the most-frequent-token accuracy of MLM on
 //       val.tokens and the majority-class accuracy on val.tsv.
 //
-// Exit codes: 0 success, 1 runtime failure, 2 bad usage or bad input (a message names the file).
+// Exit codes: 0 success, 1 bad data or a runtime failure, 2 bad usage or config (a message names the
+// file).
 #include <train/data/token_file.h>
 #include <train/errors.h>
 #include <train/files.h>

@@ -5,13 +5,17 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
 #include <thread>
 #include <iostream>
+#include <optional>
 
 #include "atomic_file.h"
+#include "run_dir.h"
+#include "suggest.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/dist.h"
@@ -101,6 +105,25 @@ std::string default_run_dir(const std::string& config_path) {
   return files::join("runs", files::stem(config_path));
 }
 
+// Runs `body`, the part of a command after its config was loaded. A ConfigError found there (by
+// the dataset factory, the model registry, the plan) gets the file, line and column where its key
+// was set, like the errors the parser finds.
+template <typename Body>
+int with_config_location(const Config& config, Body&& body) {
+  try {
+    return body();
+  } catch (const ConfigError& e) {
+    throw ConfigError(locate_config_error(config, e.what()));
+  }
+}
+
+// Bad input, as opposed to a runtime failure (a diverging loss, a full disk): a run stopped by it
+// leaves no trace in the run directory unless it got as far as a checkpoint.
+bool is_bad_input(const Error& e) {
+  return dynamic_cast<const DataError*>(&e) || dynamic_cast<const ConfigError*>(&e) ||
+         dynamic_cast<const CheckpointError*>(&e) || dynamic_cast<const UsageError*>(&e);
+}
+
 int cmd_check(const CommonArgs& args) {
   const Config config = load_config(args.config, args.sets);
   std::cout << args.config << ": OK (model " << config.model.name << ", global batch "
@@ -111,68 +134,91 @@ int cmd_check(const CommonArgs& args) {
 int cmd_plan(CommonArgs args, bool json, const std::string& device, int64_t world_size) {
   if (!device.empty()) args.sets.push_back("tuning.device=" + device);
   const Config config = load_config(args.config, args.sets);
-  RunOptions options;
-  options.data_optional = true;  // plan for data that lives on another machine
-  options.plan_world_size = world_size;
-  const RunParts run = prepare_run(config, options);
-  std::cout << (json ? run.plan.to_json() + "\n" : run.plan.to_text());
-  return kExitOk;
+  return with_config_location(config, [&] {
+    RunOptions options;
+    options.data_optional = true;  // plan for data that lives on another machine
+    options.plan_world_size = world_size;
+    const RunParts run = prepare_run(config, options);
+    std::cout << (json ? run.plan.to_json() + "\n" : run.plan.to_text());
+    return kExitOk;
+  });
+}
+
+// Creates the run directory and trains. A run stopped by bad input before its first checkpoint
+// puts the run directory back as it found it (removes it when it created it).
+int train_in_run_dir(const Config& config, RunParts& run, const std::string& run_dir, const std::string& resume_path,
+                     bool leader) {
+  std::optional<detail::RunDirSnapshot> before;
+  if (leader) before.emplace(run_dir);
+  try {
+    if (leader) {  // rank 0 owns the run directory
+      files::make_directories(run_dir);
+      log::set_file(files::join(run_dir, "train.log"));
+      detail::write_text_atomically(files::join(run_dir, "config.yaml"), to_yaml(config));
+      detail::write_text_atomically(files::join(run_dir, "plan.json"), run.plan.to_json() + "\n");
+    }
+    log::info("run directory " + run_dir);
+    log::info(run.model->name() + ": " + std::to_string(run.plan.model_params) + " parameters; train " +
+              run.train->describe() + "; val " + run.val->describe());
+    std::istringstream plan_text(run.plan.to_text());
+    for (std::string line; std::getline(plan_text, line);) log::info(line);
+
+    apply_plan_globals(run.plan);
+    FitResult result;
+    {
+      Trainer trainer(config, run.plan, run.model, run.train, run.val, run_dir, run.group);
+      if (run.record_oom) trainer.on_out_of_memory(run.record_oom);
+      ScopedStopHandler stop(trainer, config.trainer.stop_grace_s);
+      result = trainer.fit(resume_path);
+    }
+    log::info(log::str("done: ", result.steps, " steps in ", format_duration(result.seconds), "; data wait ",
+                       100.0 * result.data_wait_fraction, "% of loop time",
+                       result.val.samples ? log::str("; val top-1 ", 100.0 * result.val.accuracy, "%") : ""));
+    log::set_file("");
+    if (result.diverged_ranks != 0) return kExitRuntime;
+    // Stopped by a signal before the end, with a checkpoint to resume from.
+    return result.steps < run.plan.total_steps ? kExitStopped : kExitOk;
+  } catch (const Error& e) {
+    // The trainer (its loader workers, metrics and event files) is gone by now.
+    if (before && is_bad_input(e) && !before->has_new_checkpoint()) {
+      log::set_file("");
+      log::warn("the run stopped before its first checkpoint; " + before->restore());
+    }
+    throw;
+  }
 }
 
 int cmd_fit(const CommonArgs& args, std::string run_dir, const std::string& resume) {
   // Everything that can be rejected is checked before the run directory is touched.
   const Config config = load_config(args.config, args.sets);
-  if (run_dir.empty()) run_dir = default_run_dir(args.config);
-  const std::string ckpt_dir = files::join(run_dir, "checkpoints");
-  if (resume.empty() && !latest_checkpoint(ckpt_dir).empty()) {
-    throw UsageError("run directory " + run_dir + " already holds checkpoints; pass --resume auto to continue it, "
-                     "or --run-dir to start a new run");
-  }
-  if (!resume.empty() && resume != "auto" && !files::exists(resume)) {
-    throw CheckpointError(resume + ": checkpoint file does not exist (--resume)");
-  }
-  RunOptions options;
-  options.env = dist::detect_env();
-  const bool leader = options.env.rank == 0;
-  log::set_rank(static_cast<int>(options.env.rank));
-  RunParts run = prepare_run(config, options);
-  log::set_level(config.logging.level);
-  // Resolve and validate the checkpoint now, so that a corrupt or mismatching one is rejected
-  // before anything is written (the trainer loads it again, with the optimizer).
-  const std::string resume_path = resume == "auto" ? latest_checkpoint(ckpt_dir) : resume;
-  if (resume == "auto" && resume_path.empty()) log::info("--resume auto: no checkpoint in " + ckpt_dir + "; starting fresh");
-  if (!resume_path.empty()) load_checkpoint(resume_path, *run.model, nullptr);
-  if (resume_path.empty() && !config.model.init_from.empty()) {
-    check_model_weights(config.model.init_from, *run.model, config.model.init_strict);
-  }
-
-  if (leader) {  // rank 0 owns the run directory
-    files::make_directories(run_dir);
-    log::set_file(files::join(run_dir, "train.log"));
-    detail::write_text_atomically(files::join(run_dir, "config.yaml"), to_yaml(config));
-    detail::write_text_atomically(files::join(run_dir, "plan.json"), run.plan.to_json() + "\n");
-  }
-  log::info("run directory " + run_dir);
-  log::info(run.model->name() + ": " + std::to_string(run.plan.model_params) + " parameters; train " +
-            run.train->describe() + "; val " + run.val->describe());
-  std::istringstream plan_text(run.plan.to_text());
-  for (std::string line; std::getline(plan_text, line);) log::info(line);
-
-  apply_plan_globals(run.plan);
-  Trainer trainer(config, run.plan, run.model, run.train, run.val, run_dir, run.group);
-  if (run.record_oom) trainer.on_out_of_memory(run.record_oom);
-  FitResult result;
-  {
-    ScopedStopHandler stop(trainer, config.trainer.stop_grace_s);
-    result = trainer.fit(resume_path);
-  }
-  log::info(log::str("done: ", result.steps, " steps in ", format_duration(result.seconds), "; data wait ",
-                     100.0 * result.data_wait_fraction, "% of loop time",
-                     result.val.samples ? log::str("; val top-1 ", 100.0 * result.val.accuracy, "%") : ""));
-  log::set_file("");
-  if (result.diverged_ranks != 0) return kExitRuntime;
-  // Stopped by a signal before the end, with a checkpoint to resume from.
-  return result.steps < run.plan.total_steps ? kExitStopped : kExitOk;
+  return with_config_location(config, [&] {
+    if (run_dir.empty()) run_dir = default_run_dir(args.config);
+    const std::string ckpt_dir = files::join(run_dir, "checkpoints");
+    if (resume.empty() && !latest_checkpoint(ckpt_dir).empty()) {
+      throw UsageError("run directory " + run_dir + " already holds checkpoints; pass --resume auto to continue it, "
+                       "or --run-dir to start a new run");
+    }
+    if (!resume.empty() && resume != "auto" && !files::exists(resume)) {
+      throw CheckpointError(resume + ": checkpoint file does not exist (--resume)");
+    }
+    RunOptions options;
+    options.env = dist::detect_env();
+    const bool leader = options.env.rank == 0;
+    log::set_rank(static_cast<int>(options.env.rank));
+    RunParts run = prepare_run(config, options);
+    log::set_level(config.logging.level);
+    // Resolve and validate the checkpoint now, so that a corrupt or mismatching one is rejected
+    // before anything is written (the trainer loads it again, with the optimizer).
+    const std::string resume_path = resume == "auto" ? latest_checkpoint(ckpt_dir) : resume;
+    if (resume == "auto" && resume_path.empty()) {
+      log::info("--resume auto: no checkpoint in " + ckpt_dir + "; starting fresh");
+    }
+    if (!resume_path.empty()) load_checkpoint(resume_path, *run.model, nullptr);
+    if (resume_path.empty() && !config.model.init_from.empty()) {
+      check_model_weights(config.model.init_from, *run.model, config.model.init_strict);
+    }
+    return train_in_run_dir(config, run, run_dir, resume_path, leader);
+  });
 }
 
 // Validates the config here, so that a bad one fails once, before any rank starts.
@@ -194,16 +240,18 @@ int cmd_launch(const CommonArgs& args, int nproc, int master_port, const std::st
 
 int cmd_eval(const CommonArgs& args, const std::string& checkpoint) {
   const Config config = load_config(args.config, args.sets);
-  RunParts run = prepare_run(config);
-  load_model_weights(checkpoint, *run.model);
-  apply_plan_globals(run.plan);
-  Trainer trainer(config, run.plan, run.model, run.train, run.val, "");
-  const EvalResult ev = trainer.evaluate();
-  MetricRecord r;
-  r.add("checkpoint", checkpoint).add("split", "val").add("loss", ev.loss).add("accuracy", ev.accuracy)
-      .add("samples", ev.samples);
-  std::cout << r.to_json() << "\n";
-  return kExitOk;
+  return with_config_location(config, [&] {
+    RunParts run = prepare_run(config);
+    load_model_weights(checkpoint, *run.model);
+    apply_plan_globals(run.plan);
+    Trainer trainer(config, run.plan, run.model, run.train, run.val, "");
+    const EvalResult ev = trainer.evaluate();
+    MetricRecord r;
+    r.add("checkpoint", checkpoint).add("split", "val").add("loss", ev.loss).add("accuracy", ev.accuracy)
+        .add("samples", ev.samples);
+    std::cout << r.to_json() << "\n";
+    return kExitOk;
+  });
 }
 
 // train export CHECKPOINT --format safetensors OUT: the model weights under their state-dict
@@ -225,8 +273,9 @@ int cmd_export(const std::string& checkpoint, const std::string& format, const s
 int run_cli(int argc, char** argv) {
   CLI::App app{"train: device-adaptive training on LibTorch"};
   app.require_subcommand(1);
-  app.footer("Exit codes: 0 success, 1 runtime failure, 2 invalid usage or input (nothing written), "
-             "3 stopped by SIGTERM/SIGINT after a checkpoint (resume with --resume auto).");
+  app.footer("Exit codes: 0 success; 1 bad data (a missing, truncated or malformed data file) or a runtime "
+             "failure; 2 invalid usage, config or checkpoint; 3 stopped by SIGTERM/SIGINT after a checkpoint "
+             "(resume with --resume auto). Bad input leaves no run directory behind.");
 
   CommonArgs fit_args, eval_args, check_args, plan_args;
   std::string run_dir, resume, checkpoint;
@@ -278,6 +327,23 @@ int run_cli(int argc, char** argv) {
   export_cmd->add_option("out", export_out, "Output file, e.g. model.safetensors")->required();
   export_cmd->add_option("--format", export_format, "Output format")->capture_default_str();
 
+  // CLI11 answers an unknown command with "A subcommand is required"; name it instead.
+  if (argc > 1 && argv[1][0] != '-') {
+    std::vector<std::string> commands;
+    for (const CLI::App* sub : {fit, launch, eval, check, plan, doctor, config_cmd, export_cmd}) {
+      commands.push_back(sub->get_name());
+    }
+    const std::string word = argv[1];
+    if (std::find(commands.begin(), commands.end(), word) == commands.end()) {
+      const std::string suggestion = detail::closest_match(word, commands);
+      std::string known;
+      for (const auto& c : commands) known += (known.empty() ? "" : ", ") + c;
+      std::cerr << "unknown command '" << word << "'"
+                << (suggestion.empty() ? "" : "; did you mean '" + suggestion + "'?") << " (commands: " << known
+                << "; train --help for more)\n";
+      return kExitInvalid;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

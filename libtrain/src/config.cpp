@@ -965,7 +965,9 @@ Config ConfigBuilder::validated() const {
     fail(where_set("tuning.micro_batch"), "tuning.micro_batch",
          "is " + std::to_string(tuning.micro_batch) + ", larger than tuning.max_micro_batch (" +
              std::to_string(tuning.max_micro_batch) + ")");
-  return config_;
+  Config config = config_;
+  config.origins = set_at_;
+  return config;
 }
 
 // ---- Reference ---------------------------------------------------------------------------------
@@ -999,6 +1001,30 @@ Config parse_config(const std::string& yaml_text, const std::string& source_name
   builder.apply_document(yaml_text);
   for (const std::string& assignment : overrides) builder.apply_override(assignment);
   return builder.validated();
+}
+
+std::string Config::where(const std::string& key_path) const {
+  const auto it = origins.find(key_path);
+  if (it != origins.end()) return it->second;
+  return source.empty() ? "<config>" : source;
+}
+
+std::string locate_config_error(const Config& config, const std::string& message) {
+  // Already located (a parse error, or located once before).
+  if (!config.source.empty() && message.compare(0, config.source.size() + 1, config.source + ":") == 0)
+    return message;
+  if (message.compare(0, 6, "--set ") == 0) return message;
+  std::string path;
+  if (message.compare(0, 5, "key '") == 0) {
+    const size_t end = message.find('\'', 5);
+    if (end != std::string::npos) path = message.substr(5, end - 5);
+  } else {
+    // "data.image_size is 32 but ...", "data.kind: ...": a key path followed by a space or ':'.
+    const size_t end = message.find_first_of(" :");
+    const std::string word = message.substr(0, end);
+    if (find_key(word)) path = word;
+  }
+  return config.where(path) + ": " + message;  // the source alone when no key is named
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {

@@ -24,7 +24,9 @@ inline size_t edit_distance(const std::string& a, const std::string& b) {
 }
 
 // The index of the candidate closest to `word` if it is a plausible typo: at most 2 edits, or a
-// third of a long word, and never one that replaces every character of `word`.
+// third of a long word, and never one that replaces every character of `word`. Failing that, a
+// candidate of 4 or more characters that starts `word`, or that `word` (4 or more) starts:
+// "optimizer" -> "optim", "sched" -> "schedule".
 inline std::optional<size_t> closest_index(const std::string& word, const std::vector<std::string>& candidates) {
   const size_t limit = std::max<size_t>(2, word.size() / 3);
   std::optional<size_t> best;
@@ -32,6 +34,18 @@ inline std::optional<size_t> closest_index(const std::string& word, const std::v
   for (size_t i = 0; i < candidates.size(); ++i) {
     const size_t d = edit_distance(word, candidates[i]);
     if (d <= limit && d < word.size() && (!best || d < best_distance)) {
+      best = i;
+      best_distance = d;
+    }
+  }
+  if (best) return best;
+  auto starts = [](const std::string& text, const std::string& prefix) {
+    return prefix.size() >= 4 && text.size() > prefix.size() && text.compare(0, prefix.size(), prefix) == 0;
+  };
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    if (!starts(word, candidates[i]) && !starts(candidates[i], word)) continue;
+    const size_t d = edit_distance(word, candidates[i]);
+    if (!best || d < best_distance) {
       best = i;
       best_distance = d;
     }

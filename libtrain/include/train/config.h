@@ -8,6 +8,7 @@
 //
 // This header is deliberately free of LibTorch and yaml-cpp.
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -178,6 +179,12 @@ struct Config {
   DistributedConfig distributed;
 
   std::string source;            // where it was loaded from (file path or "<string>")
+  // Where each key given in the file or by --set got its value: key path -> "FILE:LINE:COLUMN" or
+  // "--set key=value". Keys left at their defaults are absent.
+  std::map<std::string, std::string> origins;
+
+  // Where a key was set, for error messages: its origin, else the source.
+  std::string where(const std::string& key_path) const;
 };
 
 // Parses and validates a YAML file, then applies `--set key=value` overrides (each validated
@@ -187,6 +194,12 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 // Same, from YAML text. `source_name` is used in error messages.
 Config parse_config(const std::string& yaml_text, const std::string& source_name,
                     const std::vector<std::string>& overrides = {});
+
+// Locates an error found after parsing (by the dataset factory, the model registry, the plan):
+// a message that starts with "key 'PATH': " or with a key path ("data.image_size is ...") gets
+// the place where that key was set in front, "FILE:LINE:COLUMN: "; any other message gets the
+// config's source. Used to rethrow such a ConfigError with its location.
+std::string locate_config_error(const Config& config, const std::string& message);
 
 // The fully resolved config (every key, defaults filled in) as YAML that parse_config accepts.
 std::string to_yaml(const Config& config);

@@ -2,17 +2,24 @@
 // Error types and the documented exit codes of the `train` CLI.
 //
 //   0  success
-//   1  runtime failure (data that cannot be read mid-run, a numerical failure, I/O errors)
-//   2  invalid usage or invalid input (CLI arguments, config, data files, checkpoints);
-//      nothing is written to the run directory when this happens before training starts.
+//   1  bad data or a runtime failure: a data file that is missing, truncated or malformed (IDX,
+//      JPEG / PNG, token file, vocab, TSV), found before training or by a loader mid-run; a
+//      numerical failure; I/O errors
+//   2  invalid usage or configuration: CLI arguments, the config file and --set overrides (type,
+//      range, unknown or duplicate key, YAML syntax, batch arithmetic), and a checkpoint given with
+//      --resume, --checkpoint or model.init_from that is unreadable or does not fit the model
 //   3  stopped early by SIGTERM / SIGINT after writing a checkpoint; `--resume auto` continues.
 //      (A second signal exits at once with 128 + the signal number.)
+//
+// Nothing is left half-written: input is validated (config, data file headers and sizes,
+// checkpoints) before the run directory is created, and a run that fails before its first
+// checkpoint removes what it created in the run directory.
 #include <stdexcept>
 #include <string>
 
 namespace train {
 
-enum ExitCode : int { kExitOk = 0, kExitRuntime = 1, kExitInvalid = 2, kExitStopped = 3 };
+enum ExitCode : int { kExitOk = 0, kExitRuntime = 1, kExitData = 1, kExitInvalid = 2, kExitStopped = 3 };
 
 class Error : public std::runtime_error {
  public:
@@ -37,10 +44,11 @@ class ConfigError : public Error {
   explicit ConfigError(const std::string& what) : Error(what, kExitInvalid) {}
 };
 
-// A data file that is missing, truncated or malformed. Names the file.
+// A data file that is missing, truncated or malformed. Names the file. Exit code 1, like any
+// other failure to read the data, whether found up front or by a loader mid-run.
 class DataError : public Error {
  public:
-  explicit DataError(const std::string& what, int exit_code = kExitInvalid) : Error(what, exit_code) {}
+  explicit DataError(const std::string& what, int exit_code = kExitData) : Error(what, exit_code) {}
 };
 
 // A checkpoint that is missing, truncated, or does not match the model. Names the file.

@@ -1,0 +1,134 @@
+#include "run_dir.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include "train/files.h"
+
+namespace train::detail {
+namespace {
+
+// Files up to this size are kept byte for byte (config.yaml, plan.json); larger ones (train.log,
+// metrics.jsonl, checkpoints) are only ever appended to or replaced whole, so their size suffices.
+constexpr int64_t kKeepBytesUpTo = 256 * 1024;
+
+bool lstat_path(const std::string& path, struct stat& info) { return ::lstat(path.c_str(), &info) == 0; }
+
+bool read_bytes(const std::string& path, std::string& out) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  std::ostringstream text;
+  text << in.rdbuf();
+  out = text.str();
+  return !in.bad();
+}
+
+bool write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << bytes;
+  return static_cast<bool>(out.flush());
+}
+
+bool is_checkpoint_name(const std::string& rel) {
+  const std::string prefix = "checkpoints/step_";
+  return rel.compare(0, prefix.size(), prefix) == 0 && rel.size() > prefix.size() + 3 &&
+         rel.compare(rel.size() - 3, 3, ".pt") == 0 && rel.find('/', prefix.size()) == std::string::npos;
+}
+
+// The entries a run writes to: those at the top of `root` and in its checkpoints/, relative to
+// `root`, parents before children; symlinks are not followed. Other subdirectories (a user may
+// give --run-dir . over their data) are neither read nor changed, only removed when new.
+std::vector<std::pair<std::string, struct stat>> walk(const std::string& root) {
+  std::vector<std::pair<std::string, struct stat>> out;
+  std::vector<std::string> pending{""};
+  while (!pending.empty()) {
+    const std::string rel = pending.back();
+    pending.pop_back();
+    for (const std::string& name : files::list_directory(files::join(root, rel))) {
+      const std::string child = rel.empty() ? name : rel + "/" + name;
+      struct stat info {};
+      if (!lstat_path(files::join(root, child), info)) continue;
+      out.emplace_back(child, info);
+      if (S_ISDIR(info.st_mode) && child == "checkpoints") pending.push_back(child);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+RunDirSnapshot::RunDirSnapshot(std::string run_dir) : run_dir_(std::move(run_dir)) {
+  if (!files::exists(run_dir_)) {
+    std::string outermost = run_dir_;
+    for (std::string up = files::parent(outermost); up != outermost && up != "." && up != "/" && !files::exists(up);
+         up = files::parent(up)) {
+      outermost = up;
+    }
+    created_root_ = outermost;
+    return;
+  }
+  for (const auto& [rel, info] : walk(run_dir_)) {
+    Entry entry;
+    entry.directory = S_ISDIR(info.st_mode);
+    entry.size = static_cast<int64_t>(info.st_size);
+    if (S_ISREG(info.st_mode) && entry.size <= kKeepBytesUpTo) {
+      entry.has_bytes = read_bytes(files::join(run_dir_, rel), entry.bytes);
+    }
+    entries_.emplace(rel, std::move(entry));
+  }
+}
+
+bool RunDirSnapshot::has_new_checkpoint() const {
+  for (const std::string& name : files::list_directory(files::join(run_dir_, "checkpoints"))) {
+    const std::string rel = "checkpoints/" + name;
+    if (is_checkpoint_name(rel) && entries_.count(rel) == 0) return true;
+  }
+  return false;
+}
+
+std::string RunDirSnapshot::restore() const noexcept {
+  try {
+    if (!created_root_.empty()) {
+      files::remove_all(created_root_);
+      return "removed " + created_root_ + ", which this run created";
+    }
+    int removed = 0, restored = 0;
+    std::vector<std::string> gone;  // removed directories: skip what was under them
+    for (const auto& [rel, info] : walk(run_dir_)) {
+      bool under_removed = false;
+      for (const std::string& g : gone) under_removed = under_removed || rel.compare(0, g.size() + 1, g + "/") == 0;
+      if (under_removed) continue;
+      const std::string path = files::join(run_dir_, rel);
+      const auto it = entries_.find(rel);
+      if (it == entries_.end()) {
+        files::remove_all(path);
+        gone.push_back(rel);
+        ++removed;
+        continue;
+      }
+      const Entry& before = it->second;
+      if (!S_ISREG(info.st_mode) || before.directory) continue;
+      std::string now;
+      if (before.has_bytes) {
+        if (read_bytes(path, now) && now != before.bytes && write_bytes(path, before.bytes)) ++restored;
+      } else if (static_cast<int64_t>(info.st_size) > before.size) {
+        if (::truncate(path.c_str(), static_cast<off_t>(before.size)) == 0) ++restored;
+      }
+    }
+    for (const auto& [rel, before] : entries_) {  // small files the run deleted
+      const std::string path = files::join(run_dir_, rel);
+      if (before.has_bytes && !files::exists(path) && write_bytes(path, before.bytes)) ++restored;
+    }
+    return "left " + run_dir_ + " as it was before this run (" + std::to_string(removed) + " new entries removed, " +
+           std::to_string(restored) + " files restored)";
+  } catch (const std::exception& e) {
+    return std::string("could not restore the run directory: ") + e.what();
+  }
+}
+
+}  // namespace train::detail
