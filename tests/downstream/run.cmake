@@ -12,10 +12,6 @@ file(REMOVE_RECURSE ${WORK_DIR})
 set(prefix ${WORK_DIR}/prefix)
 run(${CMAKE_COMMAND} --install ${TRAIN_BINARY_DIR} --prefix ${prefix})
 
-set(launcher "")
-if(CMAKE_CXX_COMPILER_LAUNCHER)
-  set(launcher -DCMAKE_CXX_COMPILER_LAUNCHER=${CMAKE_CXX_COMPILER_LAUNCHER})
-endif()
 # package: only train's prefix is given; its package config must find the LibTorch it was built
 # with by itself. subdir: the LibTorch root is given, as for any project that builds train.
 foreach(mode package subdir)
@@ -26,7 +22,7 @@ foreach(mode package subdir)
     set(ENV{CMAKE_PREFIX_PATH} "${TORCH_PREFIX}")
   endif()
   run(${CMAKE_COMMAND} -S ${TRAIN_SOURCE_DIR}/tests/downstream/project -B ${b} -DMODE=${mode}
-      -DTRAIN_SOURCE_DIR=${TRAIN_SOURCE_DIR} -DCMAKE_BUILD_TYPE=Release ${launcher})
+      -DTRAIN_SOURCE_DIR=${TRAIN_SOURCE_DIR} -DCMAKE_BUILD_TYPE=Release)
   run(${CMAKE_COMMAND} --build ${b} -j 2)
   run(${b}/downstream)
 endforeach()
