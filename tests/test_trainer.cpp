@@ -272,6 +272,10 @@ TEST_CASE("plan: configs/resnet50_imagenet.yaml on a T4 and an A100, without the
   };
   const RunParts t4 = plan_for({"tuning.device=t4"});
   const RunParts a100 = plan_for({"tuning.device=a100-80gb"});
+  // One CPU measurement serves every named device and batch setting.
+  CHECK_THAT(t4.plan.memory.source, !Catch::Contains("measured earlier"));
+  CHECK_THAT(a100.plan.memory.source, Catch::Contains("probe on cpu at 2, 4 (measured earlier, from the plan cache)"));
+  CHECK(a100.plan.memory.per_sample_bytes == t4.plan.memory.per_sample_bytes);  // both halved for 16-bit
   CHECK(t4.plan.global_batch == 256);
   CHECK(a100.plan.global_batch == 256);
   CHECK(t4.plan.precision == "fp16");  // 7.5: fp16 tensor cores, no bf16

@@ -63,6 +63,45 @@ PlanCacheKey cache_key(const Config& config, const DeviceProfile& device, const 
 
 std::string cache_scope(const Config& config) { return config.source.empty() ? config.model.name : config.source; }
 
+// The fp32 CPU measurement a named-device plan converts, from the plan cache when this machine
+// already made it for the same model, input, optimizer and LibTorch.
+MemoryFit cpu_measurement_for_named_device(const Config& config, models::Model& model, const ProbeOptions& options,
+                                           const std::vector<int64_t>& batches, PlanCache& cache,
+                                           const std::string& scope, bool& from_cache) {
+  from_cache = false;
+  PlanCacheKey key;
+  key.add("measurement", "fp32 probe on this machine's CPU, for plans of named devices");
+  key.add("libtorch", compat::torch_version());
+  key.add("model", model_signature(model));
+  key.add("input", shape_string(options.input_shape));
+  key.add("optimizer", config.optim.name);
+  std::string batch_list;
+  for (size_t i = 0; i < batches.size(); ++i) batch_list += (i ? "," : "") + std::to_string(batches[i]);
+  key.add("batches", batch_list);
+  MemoryFit fit;
+  if (auto hit = cache.find(key)) {
+    log::info("plan cache hit: " + cache.dir() + "/" + key.hash() + ".json (this machine's CPU measurement)");
+    fit.fixed_bytes = hit->fixed_bytes;
+    fit.per_sample_bytes = hit->per_sample_bytes;
+    for (int64_t b : batches) fit.points.push_back(ProbePoint{b, fit.predict(b), 0.0, false});
+    from_cache = true;
+    return fit;
+  }
+  fit = probe_memory(model, options, batches);
+  MemoryEvidence measured;
+  measured.fixed_bytes = fit.fixed_bytes;
+  measured.per_sample_bytes = fit.per_sample_bytes;
+  measured.source = "probe on cpu at " + batch_list;
+  if (fit.measured()) {
+    try {
+      cache.store(key, measured, scope + " (cpu measurement)");
+    } catch (const Error& e) {
+      log::warn(std::string("plan cache not written: ") + e.what());
+    }
+  }
+  return fit;
+}
+
 // Measures (or, for a named device, estimates) memory per micro-batch and, on a real GPU,
 // throughput per micro-batch. Empty evidence when the user fixed the micro-batch.
 MemoryEvidence gather_evidence(const Config& config, const DeviceProfile& device, const Plan& draft,
@@ -93,14 +132,23 @@ MemoryEvidence gather_evidence(const Config& config, const DeviceProfile& device
   options.channels_last = probe_here && draft.channels_last;
   const std::vector<int64_t> batches = device.is_cuda() && probe_here ? std::vector<int64_t>{8, 16, 32}
                                                                        : std::vector<int64_t>{2, 4};
-  MemoryFit fit = probe_memory(model, options, batches);
+  MemoryFit fit;
+  bool measurement_cached = false;
+  if (device.named) {
+    // The measurement behind a named-device plan depends on neither the device nor the batch
+    // settings: plans for a T4, then an A100, then another global batch share one probe.
+    fit = cpu_measurement_for_named_device(config, model, options, batches, cache, scope, measurement_cached);
+  } else {
+    fit = probe_memory(model, options, batches);
+  }
   evidence.fixed_bytes = fit.fixed_bytes;
   evidence.per_sample_bytes = fit.per_sample_bytes;
   const int64_t free_bytes = device.named ? device.total_memory : device.free_memory;
   evidence.budget_bytes = static_cast<int64_t>(static_cast<double>(free_bytes) * config.tuning.memory_fraction);
   std::string batch_list;
   for (size_t i = 0; i < batches.size(); ++i) batch_list += (i ? ", " : "") + std::to_string(batches[i]);
-  evidence.source = "probe on " + options.device + (options.bf16 ? " (bf16)" : "") + " at " + batch_list;
+  evidence.source = "probe on " + options.device + (options.bf16 ? " (bf16)" : "") + " at " + batch_list +
+                    (measurement_cached ? " (measured earlier, from the plan cache)" : "");
   if (device.named) {
     // Activations dominate the per-sample cost and halve in bf16/fp16; weights, gradients and
     // optimizer state stay fp32. The CUDA context and cuDNN workspaces take about 1 GiB.
