@@ -328,8 +328,11 @@ TEST_CASE("safetensors: torchvision's resnet50 weights, converted from .pth, loa
     logits = model->forward(io.at("input"));
   }
   const double diff = max_abs_diff(logits, io.at("logits"));
-  INFO("max |logit diff| " << diff << ", logits up to " << io.at("logits").abs().max().item<double>());
-  CHECK(diff <= 1e-4);
+  const double scale = io.at("logits").abs().max().item<double>();
+  INFO("max |logit diff| " << diff << ", logits up to " << scale);
+  // Relative to the logit scale, as in torchvision_resnet50.py (LibTorch 1.13 with OpenBLAS
+  // against the wheel's MKL drifts ~2.5e-5 of it); a wrong weight moves logits by O(1).
+  CHECK(diff <= 1e-4 * std::max(1.0, scale));
 
   // Fine-tuning on 10 classes: strict rejects fc naming it, before the run directory exists;
   // init_strict: false loads the rest, skips fc and says so in train.log.

@@ -2,7 +2,7 @@
 
   torchvision_resnet50.py check WEIGHTS.safetensors IO.safetensors
       Loads weights written by `train export` into torchvision.models.resnet50() with
-      strict=True, runs IO's "input" in eval mode and compares with IO's "logits" (|diff| <= 1e-4).
+      strict=True, runs IO's "input" in eval mode and compares with IO's "logits" (|diff| <= 1e-4 x the largest |logit|).
   torchvision_resnet50.py make DIR
       A seeded, randomly initialised torchvision resnet50() with non-trivial BatchNorm statistics
       (calibrated on a random batch): saves its state dict with torch.save as DIR/resnet50.pth
@@ -21,6 +21,9 @@ except ImportError as e:
     print(f"torchvision_resnet50: missing package: {e}; run scripts/setup", file=sys.stderr)
     sys.exit(2)
 
+# Relative to the largest logit: the two sides may run different BLAS and oneDNN builds (Debian's
+# LibTorch 1.13 calls OpenBLAS, the wheel MKL), and 53 fp32 layers drift ~2.5e-5 of the logit
+# scale between them. A wrong or transposed weight moves logits by O(1).
 TOLERANCE = 1e-4
 
 
@@ -34,9 +37,10 @@ def check(weights_path, io_path):
         logits = model(io["input"])
     diff = (logits - io["logits"]).abs().max().item()
     scale = io["logits"].abs().max().item()
+    tolerance = TOLERANCE * max(1.0, scale)
     print(f"torchvision_resnet50: {len(state)} tensors loaded strictly; max |logit diff| {diff:.3g} "
-          f"(logits up to {scale:.3g}, tolerance {TOLERANCE})")
-    return 0 if diff <= TOLERANCE else 1
+          f"(logits up to {scale:.3g}, tolerance {tolerance:.3g})")
+    return 0 if diff <= tolerance else 1
 
 
 def make(out_dir):
