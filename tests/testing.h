@@ -11,7 +11,18 @@
 #include <cstdlib>
 #include <string>
 
+#define TRAIN_SOURCE_DIR (::train::testing::source_dir())
+#define TRAIN_BINARY_DIR (::train::testing::binary_dir())
+#define TRAIN_PYTHON (::train::testing::python())
+#define TRAIN_FASHION_MNIST_DIR (::train::testing::fashion_mnist_dir())
+
 namespace train::testing {
+
+// Where the repository, the build, the venv's Python and Fashion-MNIST are (tests/paths.cpp.in).
+const char* source_dir();
+const char* binary_dir();
+const char* python();
+const char* fashion_mnist_dir();
 
 // Runs `python tests/python/<script> <args>` with the project's venv interpreter (the oracle
 // packages live there) and returns its exit status. Arguments are passed to the shell as
