@@ -94,7 +94,7 @@ void verify_sum(const std::string& path) {
 // reader's CRC checks off), and its TorchScript importer can crash on a damaged code/ member
 // (1.13: SIGSEGV in ScriptTypeParser, found by fuzz/fuzz_checkpoint.cpp). So a checkpoint that
 // has no .crc32c sidecar has the CRC-32 of each stored member checked here first. Structural
-// problems (no zip directory, offsets out of the file) are left to LibTorch to report, and so are
+// problems before the members (no zip directory) are left to LibTorch to report, and so are
 // ZIP64 archives (over 4 GiB), whose fields this does not read.
 void verify_zip_members(const std::string& path) {
   std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
@@ -127,9 +127,15 @@ void verify_zip_members(const std::string& path) {
     const std::string name(dir.begin() + static_cast<int64_t>(p) + 46, dir.begin() + static_cast<int64_t>(p) + 46 + name_length);
     p = next;
     if (method != 0 || stored == 0xFFFFFFFF || local_offset == 0xFFFFFFFF) continue;  // compressed or ZIP64
-    if (!read_at(local_offset, 30, local) || u32(local.data()) != 0x04034b50) return;
+    // The directory names a member here, so a missing local header or data that runs past the
+    // end is damage, not a format this check skips: LibTorch 1.13 read on from such archives and
+    // asked for a 4 GiB string (found by fuzz/fuzz_checkpoint.cpp).
+    const std::string damaged = path + ": archive member '" + name + "' ";
+    if (!read_at(local_offset, 30, local) || u32(local.data()) != 0x04034b50) {
+      throw CheckpointError(damaged + "has no local header at its offset; the file is corrupt");
+    }
     int64_t offset = int64_t{local_offset} + 30 + u16(&local[26]) + u16(&local[28]);
-    if (offset + int64_t{stored} > size) return;
+    if (offset + int64_t{stored} > size) throw CheckpointError(damaged + "runs past the end of the file; it is truncated");
     uLong actual = crc32(0, nullptr, 0);
     for (int64_t left = stored; left > 0;) {
       const size_t n = static_cast<size_t>(std::min<int64_t>(left, 1 << 20));
