@@ -63,11 +63,23 @@ PlanCacheKey cache_key(const Config& config, const DeviceProfile& device, const 
 
 std::string cache_scope(const Config& config) { return config.source.empty() ? config.model.name : config.source; }
 
+// The plan cache is an optimisation: a failure to write it is a warning, never an error.
+bool store_or_warn(PlanCache& cache, const PlanCacheKey& key, const MemoryEvidence& evidence,
+                   const std::string& scope) {
+  try {
+    cache.store(key, evidence, scope);
+    return true;
+  } catch (const Error& e) {
+    log::warn(std::string("plan cache not written: ") + e.what());
+    return false;
+  }
+}
+
 // The fp32 CPU measurement a named-device plan converts, from the plan cache when this machine
 // already made it for the same model, input, optimizer and LibTorch.
 MemoryFit cpu_measurement_for_named_device(const Config& config, models::Model& model, const ProbeOptions& options,
-                                           const std::vector<int64_t>& batches, PlanCache& cache,
-                                           const std::string& scope, bool& from_cache) {
+                                           const std::vector<int64_t>& batches, const std::string& batch_list,
+                                           PlanCache& cache, const std::string& scope, bool& from_cache) {
   from_cache = false;
   PlanCacheKey key;
   key.add("measurement", "fp32 probe on this machine's CPU, for plans of named devices");
@@ -75,8 +87,6 @@ MemoryFit cpu_measurement_for_named_device(const Config& config, models::Model& 
   key.add("model", model_signature(model));
   key.add("input", shape_string(options.input_shape));
   key.add("optimizer", config.optim.name);
-  std::string batch_list;
-  for (size_t i = 0; i < batches.size(); ++i) batch_list += (i ? "," : "") + std::to_string(batches[i]);
   key.add("batches", batch_list);
   MemoryFit fit;
   if (auto hit = cache.find(key)) {
@@ -92,13 +102,7 @@ MemoryFit cpu_measurement_for_named_device(const Config& config, models::Model& 
   measured.fixed_bytes = fit.fixed_bytes;
   measured.per_sample_bytes = fit.per_sample_bytes;
   measured.source = "probe on cpu at " + batch_list;
-  if (fit.measured()) {
-    try {
-      cache.store(key, measured, scope + " (cpu measurement)");
-    } catch (const Error& e) {
-      log::warn(std::string("plan cache not written: ") + e.what());
-    }
-  }
+  if (fit.measured()) store_or_warn(cache, key, measured, scope + " (cpu measurement)");
   return fit;
 }
 
@@ -132,12 +136,15 @@ MemoryEvidence gather_evidence(const Config& config, const DeviceProfile& device
   options.channels_last = probe_here && draft.channels_last;
   const std::vector<int64_t> batches = device.is_cuda() && probe_here ? std::vector<int64_t>{8, 16, 32}
                                                                        : std::vector<int64_t>{2, 4};
+  std::string batch_list;
+  for (size_t i = 0; i < batches.size(); ++i) batch_list += (i ? ", " : "") + std::to_string(batches[i]);
   MemoryFit fit;
   bool measurement_cached = false;
   if (device.named) {
     // The measurement behind a named-device plan depends on neither the device nor the batch
     // settings: plans for a T4, then an A100, then another global batch share one probe.
-    fit = cpu_measurement_for_named_device(config, model, options, batches, cache, scope, measurement_cached);
+    fit = cpu_measurement_for_named_device(config, model, options, batches, batch_list, cache, scope,
+                                           measurement_cached);
   } else {
     fit = probe_memory(model, options, batches);
   }
@@ -145,8 +152,6 @@ MemoryEvidence gather_evidence(const Config& config, const DeviceProfile& device
   evidence.per_sample_bytes = fit.per_sample_bytes;
   const int64_t free_bytes = device.named ? device.total_memory : device.free_memory;
   evidence.budget_bytes = static_cast<int64_t>(static_cast<double>(free_bytes) * config.tuning.memory_fraction);
-  std::string batch_list;
-  for (size_t i = 0; i < batches.size(); ++i) batch_list += (i ? ", " : "") + std::to_string(batches[i]);
   evidence.source = "probe on " + options.device + (options.bf16 ? " (bf16)" : "") + " at " + batch_list +
                     (measurement_cached ? " (measured earlier, from the plan cache)" : "");
   if (device.named) {
@@ -184,11 +189,7 @@ MemoryEvidence gather_evidence(const Config& config, const DeviceProfile& device
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   log::info(log::str("probe: ", evidence.source, " in ", seconds, " s"));
-  try {
-    cache.store(key, evidence, scope);
-  } catch (const Error& e) {
-    log::warn(std::string("plan cache not written: ") + e.what());
-  }
+  store_or_warn(cache, key, evidence, scope);
   return evidence;
 }
 
@@ -287,13 +288,10 @@ RunParts prepare_run(const Config& config, const RunOptions& options) {
       evidence.max_micro_batch = evidence.max_micro_batch > 0 ? std::min(evidence.max_micro_batch, fits) : fits;
       evidence.source += (evidence.source.empty() ? "" : "; ") +
                          log::str("out of memory at micro-batch ", failed, " during training");
-      try {
-        PlanCache cache(dir);
-        cache.store(key, evidence, scope);
+      PlanCache cache(dir);
+      if (store_or_warn(cache, key, evidence, scope)) {
         log::info(log::str("plan cache: recorded micro-batch ", fits, " as the largest that fits (",
                            cache.dir(), "/", key.hash(), ".json)"));
-      } catch (const Error& e) {
-        log::warn(std::string("plan cache not written: ") + e.what());
       }
     };
   }
