@@ -13,6 +13,7 @@
 #include "train/data/image_folder.h"
 #include "train/errors.h"
 #include "train/files.h"
+#include "train/safetensors.h"
 
 using Catch::Matchers::Contains;
 
@@ -98,4 +99,10 @@ TEST_CASE("fuzz: a checkpoint member with a wrong CRC-32 is reported before LibT
   CHECK_THAT(error_of([&] { train::read_checkpoint_weights(path); }),
              Contains("step_00000001.pt: archive member '") && Contains("fails its CRC-32 check"));
   train::files::remove_all(dir);
+}
+
+TEST_CASE("fuzz: a safetensors header with a number too large for 64 bits is invalid JSON, not a crash", "[safetensors][fuzz]") {
+  // nlohmann::json throws out_of_range, not parse_error, on such a number.
+  CHECK_THAT(error_of([] { train::read_safetensors(corpus("safetensors", "regression-number-overflow.safetensors")); }),
+             Contains("regression-number-overflow.safetensors: header is not valid JSON") && Contains("number overflow"));
 }

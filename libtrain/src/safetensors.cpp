@@ -159,7 +159,7 @@ TensorMap read_safetensors(const std::string& path, Metadata* metadata) {
       }
       return true;
     });
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number too large
     std::string what = e.what();
     const auto msg = what.find("] ");
     throw CheckpointError(path + ": header is not valid JSON: " + (msg == std::string::npos ? what : what.substr(msg + 2)));
