@@ -151,7 +151,7 @@ def main():
                 res = run_one(impl, config, a, a.overrides)
                 res["round"] = r
                 runs[config][impl].append(res)
-                print(f"round {r} {Path(config).stem} {impl}: {res['steps_per_s']:.1f} steps/s "
+                print(f"round {r} {Path(config).stem} {impl}: {res['steps_per_s']:.4g} steps/s "
                       f"({res['mean_step_ms']:.3f} ms/step over {res['timed_steps']} steps, loss {res['final_loss']:.4f}, "
                       f"load {res['load_before']:.2f}, {res['wall_s']} s)", flush=True)
 
@@ -173,8 +173,8 @@ def main():
         print("|---|---|---|---|")
         for impl, results in by_impl.items():
             med = summary["median_steps_per_s"][impl]
-            rounds = ', '.join('%.1f' % x['steps_per_s'] for x in results)
-            print(f"| {impl} | {rounds} | {med:.1f} | {1000 / med:.3f} |")
+            rounds = ', '.join('%.4g' % x['steps_per_s'] for x in results)
+            print(f"| {impl} | {rounds} | {med:.4g} | {1000 / med:.4g} |")
         for key, ratio in summary["ratio_of_medians"].items():
             print(f"| ratio {key} | | {ratio:.3f} (paired median {summary['median_paired_ratio'][key]:.3f}) | |")
         print()

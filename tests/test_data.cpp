@@ -252,6 +252,70 @@ TEST_CASE("IdxDataset::get gives exactly the values of the tensor-op pipeline", 
   CHECK_THROWS_AS(IdxDataset(dir.file("imgs"), dir.file("lbls"), wrong_channels).get(0, 0), std::invalid_argument);
 }
 
+namespace {
+
+// Forwards everything but get_batch: the loader goes sample by sample over the same data.
+class PerSampleOnly : public Dataset {
+ public:
+  explicit PerSampleOnly(DatasetPtr inner) : inner_(std::move(inner)) {}
+  int64_t size() const override { return inner_->size(); }
+  Example get(int64_t index, uint64_t seed) const override { return inner_->get(index, seed); }
+  std::vector<int64_t> input_shape() const override { return inner_->input_shape(); }
+  int64_t num_classes() const override { return inner_->num_classes(); }
+  std::string describe() const override { return inner_->describe(); }
+
+ private:
+  DatasetPtr inner_;
+};
+
+}  // namespace
+
+TEST_CASE("IdxDataset::get_batch equals collate() of get(), and the loader uses it", "[data]") {
+  TempDir dir;
+  std::vector<uint8_t> pixels(5 * 16);
+  for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = static_cast<uint8_t>((i * 37) % 256);
+  write_plain(dir.file("imgs"), idx_bytes({5, 4, 4}, pixels));
+  write_plain(dir.file("lbls"), idx_bytes({5}, {3, 7, 0, 9, 1}));
+  ImageTransforms normalize_only;
+  normalize_only.mean = {0.2860};
+  normalize_only.stddev = {0.3530};
+  ImageTransforms augmented = normalize_only;
+  augmented.random_flip = true;
+  const std::vector<int64_t> indices = {4, 0, 2, 2};
+  const std::vector<uint64_t> seeds = {11, 12, 13, 14};
+  for (const ImageTransforms& transforms : {ImageTransforms{}, normalize_only, augmented}) {
+    INFO(transforms.describe());
+    const auto dataset = std::make_shared<IdxDataset>(dir.file("imgs"), dir.file("lbls"), transforms);
+    const std::optional<Batch> whole = dataset->get_batch(indices, seeds, /*pinned=*/false);
+    // The one-pass path exists for a normalisation alone; a flip needs tensor ops per sample.
+    CHECK(whole.has_value() == (transforms.mean.size() == 1 && !transforms.random_flip));
+    if (whole) {
+      std::vector<Example> examples;
+      for (size_t i = 0; i < indices.size(); ++i) examples.push_back(dataset->get(indices[i], seeds[i]));
+      const Batch expected = dataset->collate(std::move(examples));
+      CHECK(torch::equal(whole->input, expected.input));
+      CHECK(torch::equal(whole->target, expected.target));
+      CHECK(whole->input.sizes() == torch::IntArrayRef{4, 1, 4, 4});
+    }
+    // An index out of range gets no one-pass batch; get() then names it.
+    CHECK_FALSE(dataset->get_batch({0, 5}, {1, 2}, false).has_value());
+
+    // Through the loader, shuffled, for 0 and 2 workers: the same batches as sample by sample.
+    LoaderOptions options = index_options(2);
+    options.shuffle = true;
+    options.seed = 5;
+    Loader reference_loader(std::make_shared<PerSampleOnly>(dataset), options);
+    const std::vector<Batch> reference = run_epoch(reference_loader, {1, 0});
+    REQUIRE(reference.size() == 2);
+    for (int64_t workers : {0, 2}) {
+      INFO("workers " << workers);
+      options.workers = workers;
+      Loader loader(dataset, options);
+      check_same_batches(run_epoch(loader, {1, 0}), reference);
+    }
+  }
+}
+
 TEST_CASE("IDX errors name the file and what is wrong", "[data]") {
   TempDir dir;
 

@@ -581,8 +581,8 @@ FitResult Trainer::fit(const std::string& resume) {
           loss = loss_fn(s.model->forward(batch.input), batch.target, s.config.loss.label_smoothing);
         }
         // Every micro-batch has the same size, so the mean over the global batch is the mean
-        // of the micro-batch means.
-        s.scaler->scale(loss / static_cast<double>(s.plan.accum_steps)).backward();
+        // of the micro-batch means. (No division by 1: an op and an autograd node per step.)
+        s.scaler->scale(s.plan.accum_steps == 1 ? loss : loss / static_cast<double>(s.plan.accum_steps)).backward();
         micro_losses.push_back(loss.detach());
       }
       if (s.sync) s.sync->finish();  // averaged gradients, before unscaling, clipping and the step

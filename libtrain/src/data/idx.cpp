@@ -208,6 +208,30 @@ Example IdxDataset::get(int64_t index, uint64_t seed) const {
   return Example{transforms_.apply(image, seed), std::move(target)};
 }
 
+std::optional<Batch> IdxDataset::get_batch(const std::vector<int64_t>& indices, const std::vector<uint64_t>& seeds,
+                                           bool pinned) const {
+  // With a crop or a flip each sample goes through tensor ops anyway: the per-sample path.
+  if (!normalize_only_ || indices.empty() || seeds.size() != indices.size()) return std::nullopt;
+  const auto n = static_cast<int64_t>(indices.size());
+  const int64_t pixels = images_.size(1) * images_.size(2) * images_.size(3);
+  torch::Tensor input = torch::empty({n, images_.size(1), images_.size(2), images_.size(3)},
+                                     torch::TensorOptions(torch::kFloat).pinned_memory(pinned));
+  torch::Tensor target = torch::empty({n}, torch::TensorOptions(torch::kLong).pinned_memory(pinned));
+  float* out = input.data_ptr<float>();
+  int64_t* labels_out = target.data_ptr<int64_t>();
+  const uint8_t* images = images_.data_ptr<uint8_t>();
+  const int64_t* labels = labels_.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t index = indices[static_cast<size_t>(i)];
+    if (index < 0 || index >= size()) return std::nullopt;  // get() names it
+    const uint8_t* in = images + index * pixels;
+    for (int64_t p = 0; p < pixels; ++p) out[p] = normalized_[in[p]];
+    out += pixels;
+    labels_out[i] = labels[index];
+  }
+  return Batch{std::move(input), std::move(target)};
+}
+
 std::vector<int64_t> IdxDataset::input_shape() const {
   return {images_.size(1), images_.size(2), images_.size(3)};
 }

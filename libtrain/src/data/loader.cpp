@@ -196,10 +196,26 @@ struct Loader::Impl {
                          " samples after it fail to load too");
   }
 
+  // The dataset's one-pass batch of order[begin, end), if it has that path. Any error there
+  // sends the batch down the per-sample path, which names (or skips) the sample at fault.
+  std::optional<Batch> whole_batch(size_t begin, size_t end) const {
+    std::vector<int64_t> indices(order.begin() + static_cast<std::ptrdiff_t>(begin),
+                                 order.begin() + static_cast<std::ptrdiff_t>(end));
+    std::vector<uint64_t> seeds;
+    seeds.reserve(indices.size());
+    for (const int64_t index : indices) seeds.push_back(sample_seed(options.seed, epoch, index));
+    try {
+      return dataset->get_batch(indices, seeds, pin_memory);
+    } catch (...) {
+      return std::nullopt;
+    }
+  }
+
   // Loads and collates batch `b` of the current epoch. Errors carry the sample or batch index.
   Loaded load_batch(int64_t b) const {
     const auto begin = static_cast<size_t>(b * options.batch_size);
     const size_t end = std::min(order.size(), begin + static_cast<size_t>(options.batch_size));
+    if (std::optional<Batch> whole = whole_batch(begin, end)) return Loaded{std::move(*whole), {}};
     std::vector<Example> examples;
     examples.reserve(end - begin);
     std::vector<std::string> skips;

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,13 @@ class Dataset {
   virtual Example get(int64_t index, uint64_t seed) const = 0;
   // Collates samples into a batch. The default stacks inputs and targets.
   virtual Batch collate(std::vector<Example>&& examples) const;
+  // A whole batch in one pass, for datasets that can write samples straight into the batch
+  // (no per-sample tensors, no stack): must equal collate() of get(indices[i], seeds[i]) bit for
+  // bit. `pinned` asks for the input in page-locked memory. The default, and a dataset without
+  // such a path, returns no batch and the loader goes sample by sample; it also does so when this
+  // throws, so that a bad sample is reported (or skipped) by its index as usual.
+  virtual std::optional<Batch> get_batch(const std::vector<int64_t>& indices, const std::vector<uint64_t>& seeds,
+                                         bool pinned) const;
   // Shape of one input (no batch dim), for plans and probes.
   virtual std::vector<int64_t> input_shape() const = 0;
   virtual int64_t num_classes() const = 0;

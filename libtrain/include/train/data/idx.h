@@ -37,6 +37,9 @@ class IdxDataset : public Dataset {
 
   int64_t size() const override { return labels_.size(0); }
   Example get(int64_t index, uint64_t seed) const override;
+  // Normalisation-only transforms: the table lookup of get() written straight into the batch.
+  std::optional<Batch> get_batch(const std::vector<int64_t>& indices, const std::vector<uint64_t>& seeds,
+                                 bool pinned) const override;
   std::vector<int64_t> input_shape() const override;
   int64_t num_classes() const override { return kIdxNumClasses; }
   std::string describe() const override;
