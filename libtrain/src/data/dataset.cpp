@@ -38,11 +38,6 @@ Batch Dataset::collate(std::vector<Example>&& examples) const {
   return Batch{torch::stack(inputs), torch::stack(targets)};
 }
 
-std::optional<Batch> Dataset::get_batch(const std::vector<int64_t>& /*indices*/, const std::vector<uint64_t>& /*seeds*/,
-                                        bool /*pinned*/) const {
-  return std::nullopt;
-}
-
 // ---- transforms -----------------------------------------------------------------------------
 
 torch::Tensor pad_crop(const torch::Tensor& image, int64_t padding, int64_t top, int64_t left) {

@@ -43,8 +43,10 @@ class Dataset {
   // bit. `pinned` asks for the input in page-locked memory. The default, and a dataset without
   // such a path, returns no batch and the loader goes sample by sample; it also does so when this
   // throws, so that a bad sample is reported (or skipped) by its index as usual.
-  virtual std::optional<Batch> get_batch(const std::vector<int64_t>& indices, const std::vector<uint64_t>& seeds,
-                                         bool pinned) const;
+  virtual std::optional<Batch> get_batch(const std::vector<int64_t>& /*indices*/,
+                                         const std::vector<uint64_t>& /*seeds*/, bool /*pinned*/) const {
+    return std::nullopt;
+  }
   // Shape of one input (no batch dim), for plans and probes.
   virtual std::vector<int64_t> input_shape() const = 0;
   virtual int64_t num_classes() const = 0;
