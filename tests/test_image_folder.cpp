@@ -674,3 +674,122 @@ TEST_CASE("uint8 ImageFolder batches normalised on the device match the float pi
   idx.kind = "synthetic";
   CHECK_THAT(config_error(idx, Split::Train), Contains("data.uint8 applies to image_folder only"));
 }
+
+// The reference: the pipeline as composed from LibTorch ops (decode, crop, ATen's antialiased
+// bilinear interpolate, flip, normalise), which the dataset's one-pass resampler replaces.
+torch::Tensor reference_sample(const std::string& path, Split split, int64_t side, int64_t resize,
+                               uint64_t seed, const std::vector<double>& mean,
+                               const std::vector<double>& stddev, bool scale_to_unit) {
+  torch::Tensor image;
+  if (split == Split::Train) {
+    const torch::Tensor decoded = decode_image(path, side);
+    SplitMix64 rng(seed);
+    const CropBox box = random_resized_crop_box(decoded.size(1), decoded.size(2), 0.08, 1.0,
+                                                3.0 / 4.0, 4.0 / 3.0, rng);
+    const torch::Tensor crop = decoded.narrow(1, box.top, box.height).narrow(2, box.left, box.width);
+    image = resize_bilinear(crop.to(torch::kFloat).contiguous(), side, side);
+    if (rng.below(2) == 1) image = hflip(image);
+  } else {
+    const torch::Tensor decoded = decode_image(path, resize);
+    image = center_crop(resize_shorter_side(decoded.to(torch::kFloat).contiguous(), resize), side);
+  }
+  if (!scale_to_unit) return image;
+  image = image / 255.0;
+  return mean.empty() ? image : normalize(image, mean, stddev);
+}
+
+TEST_CASE("ImageFolder's one-pass resampler matches ATen's antialiased resize, crop and flip",
+          "[data][image_folder]") {
+  TempDir dir;
+  for (const char* split_directory : {"train/a", "val/a"}) {
+    const std::string a = dir / split_directory;
+    files::make_directories(a);
+    write_jpeg(a + "/0.jpg", pattern(500, 375, 3, 0));    // downscaled crops
+    write_jpeg(a + "/1.jpg", pattern(40, 30, 3, 1));      // upscaled crops
+    write_jpeg(a + "/2.jpg", pattern(1000, 800, 3, 2));   // decoded at a reduced DCT scale
+    write_jpeg(a + "/3.jpg", pattern(90, 120, 1, 3));     // grayscale, portrait
+    write_png(a + "/4.png", pattern(70, 50, 4, 4));       // RGBA: 4-byte pixels
+    write_jpeg(a + "/5.jpg", pattern(60, 45, 4, 5));      // CMYK: 4-byte pixels
+  }
+  const std::vector<double> mean = {0.485, 0.456, 0.406};
+  const std::vector<double> stddev = {0.229, 0.224, 0.225};
+  train::DataConfig config = folder_config(dir.path);
+  config.image_size = 48;
+  config.mean = mean;
+  config.std = stddev;
+  train::DataConfig plain = config;
+  plain.mean.clear();
+  plain.std.clear();
+  train::DataConfig bytes = plain;
+  bytes.uint8 = true;
+  const int64_t resize = 55;  // round(48 / 0.875)
+
+  for (const Split split : {Split::Train, Split::Val}) {
+    const auto normalised = make_dataset(config, split);
+    const auto unit = make_dataset(plain, split);
+    const auto levels = make_dataset(bytes, split);
+    const auto* folder = dynamic_cast<const ImageFolderDataset*>(normalised.get());
+    REQUIRE(folder != nullptr);
+    for (int64_t i = 0; i < folder->size(); ++i) {
+      for (uint64_t seed : {1u, 2u, 3u, 40u}) {
+        INFO((split == Split::Train ? "train " : "val ") << folder->path(i) << " seed " << seed);
+        const torch::Tensor expected =
+            reference_sample(folder->path(i), split, 48, resize, seed, mean, stddev, true);
+        const torch::Tensor actual = normalised->get(i, seed).input;
+        REQUIRE(actual.sizes() == expected.sizes());
+        // Summation order and a multiply for a divide: rounding, about 1e-5 of a level.
+        CHECK((actual - expected).abs().max().item<double>() <= 1e-4);
+        const torch::Tensor expected_unit =
+            reference_sample(folder->path(i), split, 48, resize, seed, {}, {}, true);
+        CHECK((unit->get(i, seed).input - expected_unit).abs().max().item<double>() <= 1e-5);
+        CHECK(unit->get(i, seed).input.max().item<float>() <= 1.0f);
+        // uint8: the same values rounded; only a value within rounding of a half level may go
+        // the other way.
+        const torch::Tensor expected_levels =
+            reference_sample(folder->path(i), split, 48, resize, seed, {}, {}, false);
+        const torch::Tensor level_error =
+            (levels->get(i, seed).input.to(torch::kFloat) - expected_levels).abs();
+        CHECK(level_error.max().item<float>() <= 0.5f + 1e-3f);
+      }
+    }
+  }
+}
+
+TEST_CASE("ImageFolder batches built in one pass equal collated samples, and recycle memory",
+          "[data][image_folder]") {
+  TempDir dir;
+  make_image_folder(dir.path);
+  train::DataConfig config = folder_config(dir.path);
+  config.mean = {0.5, 0.5, 0.5};
+  config.std = {0.25, 0.25, 0.25};
+  for (const bool uint8 : {false, true}) {
+    train::DataConfig c = config;
+    if (uint8) {
+      c.uint8 = true;
+      c.mean.clear();
+      c.std.clear();
+    }
+    for (const Split split : {Split::Train, Split::Val}) {
+      const auto dataset = make_dataset(c, split);
+      std::vector<int64_t> indices;
+      std::vector<uint64_t> seeds;
+      for (int64_t i = dataset->size() - 1; i >= 0; --i) {
+        indices.push_back(i);
+        seeds.push_back(static_cast<uint64_t>(100 + 7 * i));
+      }
+      std::vector<Example> examples;
+      for (size_t k = 0; k < indices.size(); ++k) examples.push_back(dataset->get(indices[k], seeds[k]));
+      const Batch expected = dataset->collate(std::move(examples));
+      const void* first_memory = nullptr;
+      for (int round = 0; round < 3; ++round) {
+        std::optional<Batch> batch = dataset->get_batch(indices, seeds, /*pinned=*/false);
+        REQUIRE(batch.has_value());
+        CHECK(torch::equal(batch->input, expected.input));
+        CHECK(torch::equal(batch->target, expected.target));
+        // The previous round's batch was freed, so its memory comes back.
+        if (round == 0) first_memory = batch->input.data_ptr();
+        else CHECK(batch->input.data_ptr() == first_memory);
+      }
+    }
+  }
+}

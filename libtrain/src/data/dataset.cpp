@@ -13,6 +13,8 @@
 #include <torch/nn/functional/upsampling.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <mutex>
 #include <cstdint>
 #include <memory>
 #include <sstream>
@@ -24,6 +26,52 @@
 namespace train::data {
 
 // ---- Dataset --------------------------------------------------------------------------------
+
+struct BatchMemory::Pool {
+  std::mutex mutex;
+  std::vector<std::pair<size_t, void*>> free;  // (bytes, buffer)
+  size_t keep = 0;
+  ~Pool() {
+    for (const auto& buffer : free) std::free(buffer.second);
+  }
+};
+
+BatchMemory::BatchMemory(size_t keep) : pool_(std::make_shared<Pool>()) { pool_->keep = keep; }
+
+torch::Tensor BatchMemory::empty(at::IntArrayRef sizes, at::ScalarType dtype) const {
+  int64_t count = 1;
+  for (const int64_t size : sizes) count *= size;
+  // Rounded up to whole 64-byte lines, as aligned_alloc requires.
+  const size_t bytes = (static_cast<size_t>(count) * c10::elementSize(dtype) + 63) / 64 * 64;
+  void* buffer = nullptr;
+  {
+    const std::lock_guard<std::mutex> lock(pool_->mutex);
+    auto& free = pool_->free;
+    for (auto it = free.begin(); it != free.end(); ++it) {
+      if (it->first == bytes) {
+        buffer = it->second;
+        free.erase(it);
+        break;
+      }
+    }
+  }
+  if (buffer == nullptr) buffer = std::aligned_alloc(64, std::max<size_t>(bytes, 64));
+  if (buffer == nullptr) throw std::bad_alloc();
+  const std::weak_ptr<Pool> weak = pool_;
+  return torch::from_blob(
+      buffer, sizes,
+      [weak, bytes](void* data) {
+        if (const std::shared_ptr<Pool> pool = weak.lock()) {
+          const std::lock_guard<std::mutex> lock(pool->mutex);
+          if (pool->free.size() < pool->keep) {
+            pool->free.emplace_back(bytes, data);
+            return;
+          }
+        }
+        std::free(data);
+      },
+      torch::TensorOptions(dtype));
+}
 
 Batch Dataset::collate(std::vector<Example>&& examples) const {
   if (examples.empty()) throw std::invalid_argument("Dataset::collate: no examples to collate");

@@ -4,6 +4,8 @@
 #include <train/errors.h>
 #include <train/files.h>
 
+#include "resample.h"
+
 #include <png.h>
 #include <turbojpeg.h>
 
@@ -44,16 +46,18 @@ void require_directory(const std::string& directory) {
 }
 
 // The file could be listed, so failing to read it now is a runtime failure, not bad input.
-std::vector<uint8_t> read_file(const std::string& path) {
+// Reads into `bytes` (reused across calls: no allocation once it is large enough).
+void read_file(const std::string& path, std::vector<uint8_t>& bytes) {
   std::FILE* file = std::fopen(path.c_str(), "rb");
   if (file == nullptr) {
     throw DataError(path + ": cannot open: " + std::strerror(errno), kExitRuntime);
   }
   const std::unique_ptr<std::FILE, int (*)(std::FILE*)> closer(file, &std::fclose);
-  std::vector<uint8_t> bytes;
+  bytes.clear();
   constexpr size_t kChunk = size_t{1} << 16;
   for (;;) {
     const size_t filled = bytes.size();
+    if (bytes.capacity() < filled + kChunk) bytes.reserve(std::max(filled + kChunk, 2 * filled));
     bytes.resize(filled + kChunk);
     const size_t got = std::fread(bytes.data() + filled, 1, kChunk, file);
     bytes.resize(filled + got);
@@ -62,7 +66,6 @@ std::vector<uint8_t> read_file(const std::string& path) {
   if (std::ferror(file)) {
     throw DataError(path + ": cannot read: " + std::strerror(errno), kExitRuntime);
   }
-  return bytes;
 }
 
 bool is_jpeg(const std::vector<uint8_t>& bytes) {
@@ -96,33 +99,39 @@ void check_image_size(const std::string& path, int64_t width, int64_t height, co
   }
 }
 
+// A decoder's output: interleaved pixels in a caller's buffer.
+using Pixels = PixelsView;
+
 // Adobe CMYK JPEGs store inverted ink values, so with c, m, y, k as decoded, R = c * k / 255 and
 // so on (the conversion of OpenCV and libjpeg-turbo's tools; colour management is out of scope).
-torch::Tensor cmyk_to_rgb(const torch::Tensor& cmyk) {
-  const int64_t pixels = cmyk.size(0) * cmyk.size(1);
-  torch::Tensor rgb = torch::empty({cmyk.size(0), cmyk.size(1), 3}, torch::kByte);
-  const uint8_t* in = cmyk.data_ptr<uint8_t>();
-  uint8_t* out = rgb.data_ptr<uint8_t>();
-  for (int64_t i = 0; i < pixels; ++i, in += 4, out += 3) {
-    for (int c = 0; c < 3; ++c) out[c] = static_cast<uint8_t>((in[c] * in[3] + 127) / 255);
+// In place: RGB goes into the first three bytes of each 4-byte pixel.
+void cmyk_to_rgb(uint8_t* pixels, int64_t count) {
+  for (int64_t i = 0; i < count; ++i, pixels += 4) {
+    const int k = pixels[3];
+    for (int c = 0; c < 3; ++c) pixels[c] = static_cast<uint8_t>((pixels[c] * k + 127) / 255);
   }
-  return rgb;
 }
 
-// Decodes to interleaved uint8 [H, W, 3].
-torch::Tensor decode_jpeg(const std::string& path, const std::vector<uint8_t>& bytes,
-                          int64_t needed) {
-  const std::unique_ptr<void, int (*)(tjhandle)> handle(tjInitDecompress(), &tjDestroy);
+// TurboJPEG decompressor of the calling thread (creating one costs more than decoding a
+// thumbnail).
+tjhandle thread_decompressor() {
+  thread_local const std::unique_ptr<void, int (*)(tjhandle)> handle(tjInitDecompress(), &tjDestroy);
   if (!handle) {
     throw Error(std::string("cannot create a TurboJPEG decompressor: ") + tjGetErrorStr2(nullptr));
   }
+  return handle.get();
+}
+
+Pixels decode_jpeg(const std::string& path, const std::vector<uint8_t>& bytes, int64_t needed,
+                   std::vector<uint8_t>& buffer) {
+  tjhandle handle = thread_decompressor();
   int width = 0;
   int height = 0;
   int subsampling = 0;
   int colorspace = 0;
-  if (tjDecompressHeader3(handle.get(), bytes.data(), bytes.size(), &width, &height, &subsampling,
+  if (tjDecompressHeader3(handle, bytes.data(), bytes.size(), &width, &height, &subsampling,
                           &colorspace) != 0) {
-    throw DataError(path + ": corrupt JPEG header: " + tjGetErrorStr2(handle.get()));
+    throw DataError(path + ": corrupt JPEG header: " + tjGetErrorStr2(handle));
   }
   // Data that ends before the frame header "succeeds" without a size.
   if (width <= 0 || height <= 0) {
@@ -135,16 +144,20 @@ torch::Tensor decode_jpeg(const std::string& path, const std::vector<uint8_t>& b
   const int scaled_height = TJSCALED(height, scale);
   // TurboJPEG 2.1 cannot convert CMYK / YCCK to RGB itself.
   const bool cmyk = colorspace == TJCS_CMYK || colorspace == TJCS_YCCK;
-  torch::Tensor pixels = torch::empty({scaled_height, scaled_width, cmyk ? 4 : 3}, torch::kByte);
+  const int channels = cmyk ? 4 : 3;
+  buffer.resize(static_cast<size_t>(scaled_width) * static_cast<size_t>(scaled_height) *
+                static_cast<size_t>(channels));
   // Asking for the scaled size makes TurboJPEG decode at that DCT scale.
-  if (tjDecompress2(handle.get(), bytes.data(), bytes.size(), pixels.data_ptr<uint8_t>(),
-                    scaled_width, 0, scaled_height, cmyk ? TJPF_CMYK : TJPF_RGB, 0) != 0) {
-    const std::string message = tjGetErrorStr2(handle.get());
+  if (tjDecompress2(handle, bytes.data(), bytes.size(), buffer.data(), scaled_width, 0,
+                    scaled_height, cmyk ? TJPF_CMYK : TJPF_RGB, 0) != 0) {
+    const std::string message = tjGetErrorStr2(handle);
     if (!is_harmless_jpeg_warning(message)) {
       throw DataError(path + ": corrupt or truncated JPEG: " + message);
     }
   }
-  return cmyk ? cmyk_to_rgb(pixels) : pixels;
+  if (cmyk) cmyk_to_rgb(buffer.data(), int64_t{scaled_width} * scaled_height);
+  return Pixels{buffer.data(), scaled_height, scaled_width, int64_t{scaled_width} * channels,
+                channels};
 }
 
 // Frees libpng's decoder state however decoding ends (png_image_free is idempotent).
@@ -156,8 +169,8 @@ struct PngImage {
   PngImage& operator=(const PngImage&) = delete;
 };
 
-// Decodes to uint8 [H, W, 3] (possibly a view of [H, W, 4]).
-torch::Tensor decode_png(const std::string& path, const std::vector<uint8_t>& bytes) {
+Pixels decode_png(const std::string& path, const std::vector<uint8_t>& bytes,
+                  std::vector<uint8_t>& buffer) {
   PngImage png;
   if (png_image_begin_read_from_memory(&png.image, bytes.data(), bytes.size()) == 0) {
     throw DataError(path + ": corrupt PNG: " + png.image.message);
@@ -167,19 +180,35 @@ torch::Tensor decode_png(const std::string& path, const std::vector<uint8_t>& by
   check_image_size(path, png.image.width, png.image.height, "PNG");
   const bool alpha = (png.image.format & PNG_FORMAT_FLAG_ALPHA) != 0;
   png.image.format = alpha ? PNG_FORMAT_RGBA : PNG_FORMAT_RGB;
-  torch::Tensor pixels = torch::empty(
-      {static_cast<int64_t>(png.image.height), static_cast<int64_t>(png.image.width), alpha ? 4 : 3},
-      torch::kByte);
-  if (png_image_finish_read(&png.image, nullptr, pixels.data_ptr<uint8_t>(), 0, nullptr) == 0) {
+  const int channels = alpha ? 4 : 3;
+  const auto width = static_cast<int64_t>(png.image.width);
+  const auto height = static_cast<int64_t>(png.image.height);
+  buffer.resize(static_cast<size_t>(width * height * channels));
+  if (png_image_finish_read(&png.image, nullptr, buffer.data(), 0, nullptr) == 0) {
     throw DataError(path + ": corrupt or truncated PNG: " + png.image.message);
   }
-  return pixels.narrow(2, 0, 3);
+  return Pixels{buffer.data(), height, width, width * channels, channels};
 }
 
-// uint8 [C,H,W] of any layout -> contiguous float [C,H,W], in one pass.
-torch::Tensor to_float(const torch::Tensor& image) {
-  return image.to(torch::kFloat, /*non_blocking=*/false, /*copy=*/false,
-                  torch::MemoryFormat::Contiguous);
+// Reads and decodes a JPEG or PNG file into the given buffers.
+Pixels decode_file(const std::string& path, int64_t needed, std::vector<uint8_t>& bytes,
+                   std::vector<uint8_t>& buffer) {
+  read_file(path, bytes);
+  if (is_jpeg(bytes)) return decode_jpeg(path, bytes, needed, buffer);
+  if (is_png(bytes)) return decode_png(path, bytes, buffer);
+  throw DataError(path + ": not a JPEG or PNG file (unrecognised first bytes)");
+}
+
+// The buffers of the calling thread, reused from image to image.
+struct ThreadBuffers {
+  std::vector<uint8_t> bytes;
+  std::vector<uint8_t> pixels;
+  ResampleScratch resample;
+};
+
+ThreadBuffers& thread_buffers() {
+  thread_local ThreadBuffers buffers;
+  return buffers;
 }
 
 }  // namespace
@@ -207,16 +236,18 @@ int choose_jpeg_scale(int64_t width, int64_t height, int64_t needed) {
 }
 
 torch::Tensor decode_image(const std::string& path, int64_t needed) {
-  const std::vector<uint8_t> bytes = read_file(path);
-  torch::Tensor pixels;
-  if (is_jpeg(bytes)) {
-    pixels = decode_jpeg(path, bytes, needed);
-  } else if (is_png(bytes)) {
-    pixels = decode_png(path, bytes);
-  } else {
-    throw DataError(path + ": not a JPEG or PNG file (unrecognised first bytes)");
+  std::vector<uint8_t> bytes;
+  std::vector<uint8_t> buffer;
+  const Pixels pixels = decode_file(path, needed, bytes, buffer);
+  torch::Tensor image = torch::empty({pixels.height, pixels.width, 3}, torch::kByte);
+  uint8_t* out = image.data_ptr<uint8_t>();
+  for (int64_t y = 0; y < pixels.height; ++y) {
+    const uint8_t* in = pixels.data + y * pixels.row_stride;
+    for (int64_t x = 0; x < pixels.width; ++x, in += pixels.pixel_stride, out += 3) {
+      std::memcpy(out, in, 3);
+    }
   }
-  return pixels.permute({2, 0, 1});
+  return image.permute({2, 0, 1});
 }
 
 ImageFolderDataset::ImageFolderDataset(ImageFolderOptions options) : options_(std::move(options)) {
@@ -237,6 +268,11 @@ ImageFolderDataset::ImageFolderDataset(ImageFolderOptions options) : options_(st
     throw std::invalid_argument(
         "ImageFolderDataset: uint8 images are not normalised; pass mean / stddev to "
         "normalize_on_device instead");
+  }
+
+  for (size_t c = 0; c < 3; ++c) {
+    mean_[c] = options_.mean.empty() ? 0.0f : static_cast<float>(options_.mean[c]);
+    stddev_[c] = options_.stddev.empty() ? 1.0f : static_cast<float>(options_.stddev[c]);
   }
 
   const std::string& directory = options_.directory;
@@ -279,30 +315,79 @@ std::string ImageFolderDataset::path(int64_t index) const {
 
 int64_t ImageFolderDataset::label(int64_t index) const { return sample(index).label; }
 
-Example ImageFolderDataset::get(int64_t index, uint64_t seed) const {
+void ImageFolderDataset::transform_into(int64_t index, uint64_t seed, void* output) const {
   const int64_t side = options_.image_size;
-  torch::Tensor image;
+  ThreadBuffers& buffers = thread_buffers();
+  ResampleSpec spec;
+  spec.window_height = side;
+  spec.window_width = side;
+  Pixels pixels;
   if (options_.split == Split::Train) {
-    const torch::Tensor decoded = decode_image(path(index), side);
+    pixels = decode_file(path(index), side, buffers.bytes, buffers.pixels);
     SplitMix64 rng(seed);
-    const CropBox box = random_resized_crop_box(decoded.size(1), decoded.size(2),
+    const CropBox box = random_resized_crop_box(pixels.height, pixels.width,
                                                 options_.crop_min_scale, 1.0, 3.0 / 4.0, 4.0 / 3.0,
                                                 rng);
-    const torch::Tensor crop =
-        decoded.narrow(1, box.top, box.height).narrow(2, box.left, box.width);
-    image = resize_bilinear(to_float(crop), side, side);
-    if (options_.random_flip && rng.below(2) == 1) image = hflip(image);
+    spec.top = box.top;
+    spec.left = box.left;
+    spec.height = box.height;
+    spec.width = box.width;
+    spec.out_height = side;
+    spec.out_width = side;
+    spec.flip = options_.random_flip && rng.below(2) == 1;
   } else {
-    const torch::Tensor decoded = decode_image(path(index), options_.resize_size);
-    image = center_crop(resize_shorter_side(to_float(decoded), options_.resize_size), side);
+    // Resize the shorter side to resize_size, then take the centred side x side window.
+    const int64_t size = options_.resize_size;
+    pixels = decode_file(path(index), size, buffers.bytes, buffers.pixels);
+    spec.height = pixels.height;
+    spec.width = pixels.width;
+    spec.out_height = pixels.height <= pixels.width ? size : size * pixels.height / pixels.width;
+    spec.out_width = pixels.height <= pixels.width ? size * pixels.width / pixels.height : size;
+    if (side > spec.out_height || side > spec.out_width) {
+      throw DataError(path(index) + ": a " + std::to_string(pixels.height) + "x" +
+                      std::to_string(pixels.width) + " image resized to a shorter side of " +
+                      std::to_string(size) + " is too narrow for a " + std::to_string(side) +
+                      "-pixel center crop");
+    }
+    spec.window_top = static_cast<int64_t>(std::nearbyint(static_cast<double>(spec.out_height - side) / 2.0));
+    spec.window_left = static_cast<int64_t>(std::nearbyint(static_cast<double>(spec.out_width - side) / 2.0));
   }
   if (options_.uint8) {
-    image = image.round().clamp_(0.0, 255.0).to(torch::kByte);
+    resample_to_uint8(pixels, spec, static_cast<uint8_t*>(output), buffers.resample);
   } else {
-    image = image.div(255.0);
-    if (!options_.mean.empty()) image = normalize(image, options_.mean, options_.stddev);
+    resample_to_float(pixels, spec, mean_, stddev_, static_cast<float*>(output), buffers.resample);
   }
+}
+
+Example ImageFolderDataset::get(int64_t index, uint64_t seed) const {
+  const int64_t side = options_.image_size;
+  torch::Tensor image = torch::empty({3, side, side}, options_.uint8 ? torch::kByte : torch::kFloat);
+  transform_into(index, seed, image.data_ptr());
   return Example{image, torch::scalar_tensor(label(index), torch::kLong)};
+}
+
+std::optional<Batch> ImageFolderDataset::get_batch(const std::vector<int64_t>& indices,
+                                                   const std::vector<uint64_t>& seeds,
+                                                   bool pinned) const {
+  if (indices.empty() || seeds.size() != indices.size()) return std::nullopt;
+  const auto n = static_cast<int64_t>(indices.size());
+  const int64_t side = options_.image_size;
+  const at::ScalarType dtype = options_.uint8 ? torch::kByte : torch::kFloat;
+  torch::Tensor input = pinned ? torch::empty({n, 3, side, side},
+                                              torch::TensorOptions(dtype).pinned_memory(true))
+                               : batch_memory_.empty({n, 3, side, side}, dtype);
+  torch::Tensor target = torch::empty({n}, torch::TensorOptions(torch::kLong).pinned_memory(pinned));
+  auto* out = static_cast<uint8_t*>(input.data_ptr());
+  const int64_t stride = 3 * side * side * static_cast<int64_t>(input.element_size());
+  int64_t* labels = target.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t index = indices[static_cast<size_t>(i)];
+    // A bad sample throws; the loader then redoes the batch sample by sample, where the error
+    // names the sample or data.on_error: skip replaces it.
+    transform_into(index, seeds[static_cast<size_t>(i)], out + i * stride);
+    labels[i] = label(index);
+  }
+  return Batch{std::move(input), std::move(target)};
 }
 
 std::vector<int64_t> ImageFolderDataset::input_shape() const {

@@ -55,4 +55,20 @@ class Dataset {
 
 using DatasetPtr = std::shared_ptr<const Dataset>;
 
+// Recycles the memory of large CPU batch tensors. Without it each batch of, say, 64 ImageNet
+// crops (38 MB) is mapped fresh, faulted in page by page and unmapped when freed: about a tenth
+// of an image pipeline's time. A tensor from empty() hands its memory back here when the last
+// reference to it goes, on any thread, and the next empty() of the same size reuses it. At most
+// `keep` free buffers are held; the rest are freed. Thread-safe. Pinned memory needs none of
+// this: the CUDA host allocator caches its blocks already.
+class BatchMemory {
+ public:
+  explicit BatchMemory(size_t keep = 8);
+  torch::Tensor empty(at::IntArrayRef sizes, at::ScalarType dtype) const;
+
+ private:
+  struct Pool;
+  std::shared_ptr<Pool> pool_;
+};
+
 }  // namespace train::data

@@ -8,9 +8,12 @@
 // skipped (editor, macOS and notebook litter such as "._x.jpg"), and class directories are
 // not searched recursively.
 //
-// Images are decoded in get(), not at construction: JPEGs with libjpeg-turbo (at a reduced DCT
-// scale when much larger than needed), PNGs with libpng. A file whose content is neither, or
-// that is corrupt or truncated, is a DataError naming it.
+// Images are decoded in get() and get_batch(), not at construction: JPEGs with libjpeg-turbo
+// (at a reduced DCT scale when much larger than needed), PNGs with libpng, into buffers each
+// loader thread reuses. The crop, resize, flip and normalisation are then one antialiased
+// resampling pass from the decoded pixels straight into the sample (or into its slot of the
+// batch). A file whose content is neither, or that is corrupt or truncated, is a DataError
+// naming it.
 #include <train/data/dataset.h>
 #include <train/data/factory.h>
 
@@ -74,6 +77,10 @@ class ImageFolderDataset : public Dataset {
 
   int64_t size() const override { return static_cast<int64_t>(samples_.size()); }
   Example get(int64_t index, uint64_t seed) const override;
+  // Decodes and transforms each image straight into one batch tensor (the same values as
+  // collating get()).
+  std::optional<Batch> get_batch(const std::vector<int64_t>& indices,
+                                 const std::vector<uint64_t>& seeds, bool pinned) const override;
   std::vector<int64_t> input_shape() const override;
   int64_t num_classes() const override { return static_cast<int64_t>(options_.classes.size()); }
   std::string describe() const override;
@@ -89,9 +96,14 @@ class ImageFolderDataset : public Dataset {
     int64_t label;
   };
   const Sample& sample(int64_t index) const;
+  // Decodes sample `index` and writes its transformed input (float or uint8 [3, S, S]) to output.
+  void transform_into(int64_t index, uint64_t seed, void* output) const;
 
   ImageFolderOptions options_;
   std::vector<Sample> samples_;
+  float mean_[3] = {0.0f, 0.0f, 0.0f};
+  float stddev_[3] = {1.0f, 1.0f, 1.0f};
+  BatchMemory batch_memory_;
 };
 
 }  // namespace train::data
