@@ -11,7 +11,9 @@
 
 #include <torch/torch.h>
 
+#include <chrono>
 #include <fstream>
+#include <thread>
 #include <unistd.h>
 
 using namespace train;
@@ -380,4 +382,63 @@ TEST_CASE("cuda: copying batches one ahead on a side stream trains exactly like 
   const TrainState st = load_checkpoint(checkpoint_path(files::join(dir, "fed/checkpoints"), 7), *probe.model, nullptr);
   CHECK(st.batch_in_epoch == 14);
   files::remove_all(dir);
+}
+
+namespace {
+
+// The same samples, each taking `delay` to load: a loader with one worker starves the step.
+class SlowDataset : public data::Dataset {
+ public:
+  SlowDataset(data::DatasetPtr inner, std::chrono::microseconds delay) : inner_(std::move(inner)), delay_(delay) {}
+  int64_t size() const override { return inner_->size(); }
+  data::Example get(int64_t index, uint64_t seed) const override {
+    std::this_thread::sleep_for(delay_);
+    return inner_->get(index, seed);
+  }
+  std::vector<int64_t> input_shape() const override { return inner_->input_shape(); }
+  int64_t num_classes() const override { return inner_->num_classes(); }
+  std::string describe() const override { return "slow " + inner_->describe(); }
+
+ private:
+  data::DatasetPtr inner_;
+  std::chrono::microseconds delay_;
+};
+
+}  // namespace
+
+TEST_CASE("fit: loader workers are raised while the step waits for data, on the same batches",
+          "[trainer][data]") {
+  register_tiny_mlp();
+  const auto fit_with = [](const std::string& workers, int64_t max_workers) {
+    Config c = parse_config("model: {name: tiny_mlp, in_channels: 1, num_classes: 10}\n"
+                            "data: {kind: synthetic, channels: 1, image_size: 8, synthetic_train_samples: 256,"
+                            " synthetic_val_samples: 64, workers: " + workers + "}\n"
+                            "optim: {name: sgd, lr: 0.1, momentum: 0.9}\n"
+                            "schedule: {name: constant}\n"
+                            "trainer: {global_batch: 16, max_steps: 40, device: cpu, threads: 1}\n"
+                            "logging: {every_steps: 4}\n",
+                            "adaptive_workers.yaml");
+    RunParts run = prepare_run(c);
+    if (max_workers > 0) {
+      REQUIRE(run.plan.workers_adaptive);
+      CHECK(run.plan.workers == 1);
+      run.plan.max_workers = max_workers;  // whatever this machine's cores
+    } else {
+      CHECK_FALSE(run.plan.workers_adaptive);
+    }
+    const auto slow = std::make_shared<SlowDataset>(run.train, std::chrono::microseconds(2000));
+    Trainer trainer(c, run.plan, run.model, slow, nullptr, "");
+    const FitResult result = trainer.fit();
+    std::vector<torch::Tensor> params;
+    for (const auto& p : trainer.model().parameters()) params.push_back(p.detach().clone());
+    return std::make_pair(result, params);
+  };
+  const auto [adaptive, adaptive_params] = fit_with("-1", 4);
+  // 16 samples x 2 ms a step against a step of well under 1 ms: the wait is nearly all of it.
+  CHECK(adaptive.loader_workers == 4);
+  CHECK(adaptive.steps == 40);
+  const auto [fixed, fixed_params] = fit_with("1", 0);
+  CHECK(fixed.loader_workers == 1);
+  REQUIRE(adaptive_params.size() == fixed_params.size());
+  for (size_t i = 0; i < fixed_params.size(); ++i) CHECK(torch::equal(adaptive_params[i], fixed_params[i]));
 }

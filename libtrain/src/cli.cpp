@@ -173,6 +173,9 @@ int train_in_run_dir(const Config& config, RunParts& run, const std::string& run
     }
     log::info(log::str("done: ", result.steps, " steps in ", format_duration(result.seconds), "; data wait ",
                        100.0 * result.data_wait_fraction, "% of loop time",
+                       result.loader_workers != run.plan.workers
+                           ? log::str(" (loader workers raised to ", result.loader_workers, ")")
+                           : std::string(),
                        result.val.samples ? log::str("; val top-1 ", 100.0 * result.val.accuracy, "%") : ""));
     log::set_file("");
     if (result.diverged_ranks != 0) return kExitRuntime;

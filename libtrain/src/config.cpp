@@ -254,7 +254,7 @@ std::vector<Key> build_schema() {
       data("random_flip", &D::random_flip, "random horizontal flip with p = 0.5"),
       data("shuffle", &D::shuffle, "shuffle the training set every epoch"),
       data("drop_last", &D::drop_last, "drop the last incomplete training batch of an epoch"),
-      data("workers", &D::workers, "loader worker threads; -1 = let the plan decide").at_least(-1),
+      data("workers", &D::workers, "loader worker threads; -1 = let the plan decide, and add workers while the training step waits for data (more than 5% of a logging window)").at_least(-1),
       data("prefetch", &D::prefetch, "batches prefetched per worker").at_least(1),
       data("on_error", &D::on_error,
            "a sample that fails to load (corrupt file): raise = stop with an error naming it; "

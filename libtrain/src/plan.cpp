@@ -234,13 +234,25 @@ Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInpu
   if (config.data.workers >= 0) {
     plan.workers = config.data.workers;
     decide("workers", std::to_string(plan.workers), "data.workers");
-  } else if (device.is_cuda()) {
-    const int64_t per_gpu = device.cpu_cores / sharing;  // one rank per GPU on this host
-    plan.workers = std::clamp<int64_t>(per_gpu - 1, 1, 8);
-    decide("workers", std::to_string(plan.workers), "cores per GPU minus one for the training thread, at most 8");
   } else {
-    plan.workers = 1;
-    decide("workers", "1", "CPU training uses the cores for compute; one worker prefetches the next batch");
+    // Raised at run time while the loader starves the step, up to every core of this rank but
+    // the training thread's (CPU training: every core, since the step then waits anyway).
+    const int64_t per_rank = std::max<int64_t>(1, device.cpu_cores / sharing);
+    plan.workers_adaptive = true;
+    plan.max_workers = std::max<int64_t>(1, device.is_cuda() ? per_rank - 1 : per_rank);
+    if (device.is_cuda()) {
+      plan.workers = std::clamp<int64_t>(per_rank - 1, 1, 8);
+    } else {
+      plan.workers = 1;
+    }
+    const std::string adapt =
+        plan.max_workers > plan.workers
+            ? log::str("; raised up to ", plan.max_workers, " while data wait exceeds 5% of a logging window")
+            : std::string();
+    decide("workers", std::to_string(plan.workers),
+           (device.is_cuda() ? std::string("cores per GPU minus one for the training thread, at most 8")
+                             : std::string("CPU training uses the cores for compute; one worker prefetches the next batch")) +
+               adapt);
   }
   decide("pin_memory", plan.pin_memory ? "on" : "off",
          plan.pin_memory ? "page-locked buffers; each batch is copied on a side stream while the previous one computes"
@@ -315,6 +327,8 @@ std::string Plan::to_json() const {
       .add("cudnn_benchmark", cudnn_benchmark)
       .add("threads", threads)
       .add("workers", workers)
+      .add("workers_adaptive", workers_adaptive)
+      .add("max_workers", max_workers)
       .add("prefetch", prefetch)
       .add("pin_memory", pin_memory)
       .add("model_params", model_params)

@@ -167,6 +167,13 @@ struct Trainer::Impl {
   int64_t scaler_skipped_nonfinite = 0;  // loss scaling: steps with a non-finite loss, skipped by the scaler
   double retired_wait = 0;     // wait_seconds() of loaders replaced after an out-of-memory error
   int64_t retired_skipped = 0;
+  // plan.workers_adaptive: the data wait measured since the loader last (re)started.
+  struct {
+    bool warm = false;  // the first window after a (re)start pays for the workers' start-up
+    int64_t steps = 0;
+    double seconds = 0;
+    double waited = 0;
+  } starving;
   MetricsSink metrics;
   std::atomic<bool> stop{false};
   int64_t step = 0;
@@ -206,6 +213,36 @@ struct Trainer::Impl {
     lo.world_size = plan.world_size;
     lo.on_error = data::parse_on_error(config.data.on_error);
     loader = std::make_unique<data::Loader>(train_set, lo);
+  }
+  // plan.workers_adaptive: at the end of each logging window, once at least 8 steps and 0.25 s
+  // have been measured since the loader last started, a data wait above 5 % of that time doubles
+  // the loader's workers (up to plan.max_workers). Delivery does not depend on the worker count,
+  // so training continues on exactly the same batches.
+  void adapt_workers(double seconds, double waited, int64_t steps) {
+    if (!plan.workers_adaptive || plan.workers >= plan.max_workers) return;
+    if (!starving.warm) {
+      starving = {};
+      starving.warm = true;
+      return;
+    }
+    starving.steps += steps;
+    starving.seconds += seconds;
+    starving.waited += waited;
+    if (starving.steps < 8 || starving.seconds < 0.25) return;
+    const double fraction = starving.waited / starving.seconds;
+    const int64_t measured = starving.steps;
+    starving = {};
+    starving.warm = true;
+    if (fraction <= 0.05) return;
+    const int64_t before = plan.workers;
+    plan.workers = std::min(plan.max_workers, 2 * before);
+    const auto position = sample_position();
+    make_loader();
+    rewind(position.first, position.second, "raising the loader workers");
+    starving.warm = false;
+    log::info(log::str("data wait ", fixed(100.0 * fraction, 1), "% of the last ", measured, " steps with ", before,
+                       " loader worker", before == 1 ? "" : "s", " (> 5%): raising data workers to ", plan.workers,
+                       " (at most ", plan.max_workers, ")"));
   }
   // Continues the data at a sample position (from a checkpoint, or the start of a step to redo).
   void rewind(int64_t epoch, int64_t sample, const std::string& source) {
@@ -661,6 +698,7 @@ FitResult Trainer::fit(const std::string& resume) {
     if (s.step % log_every == 0 || last) {
       const double elapsed = seconds_since(window_start);
       const double waited = s.loader_wait() - window_wait_start;
+      const int64_t window_steps_done = window_steps;
       if (s.group) {  // the loss of the global batch: the mean over ranks
         window_loss = s.group->reduce_double(window_loss, dist::ReduceOp::Sum) / static_cast<double>(s.group->size());
         window_samples *= s.group->size();
@@ -689,6 +727,7 @@ FitResult Trainer::fit(const std::string& resume) {
       window_steps = 0;
       window_loss_steps = 0;
       window_samples = 0;
+      s.adapt_workers(elapsed, waited, window_steps_done);
       window_start = Clock::now();
       window_wait_start = s.loader_wait();
       step_time.reset();
@@ -741,6 +780,7 @@ FitResult Trainer::fit(const std::string& resume) {
   result.steps = s.step;
   result.seconds = seconds_since(fit_start);
   const double loop_time = seconds_since(loop_start);
+  result.loader_workers = s.plan.workers;
   result.data_wait_fraction = loop_time > 0 ? (s.loader_wait() - wait_at_start) / loop_time : 0.0;
   return result;
 }

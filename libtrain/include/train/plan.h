@@ -53,6 +53,10 @@ struct Plan {
   bool cudnn_benchmark = false;
   int64_t threads = 1;           // intra-op CPU threads
   int64_t workers = 0;
+  // When workers were not fixed by data.workers: the trainer adds loader workers, up to
+  // max_workers, while the time it waits for data exceeds 5 % of a logging window.
+  bool workers_adaptive = false;
+  int64_t max_workers = 0;
   int64_t prefetch = 2;
   bool pin_memory = false;
   int64_t model_params = 0;

@@ -26,6 +26,7 @@ struct FitResult {
   EvalResult val;                // final evaluation (samples == 0 when there is no val set)
   double seconds = 0;            // wall time of this fit() call
   double data_wait_fraction = 0; // time blocked on the loader / wall time of the training loop
+  int64_t loader_workers = 0;    // at the end: the plan's, or more if the loader starved the step
   std::string last_checkpoint;   // "" when no run directory
   int64_t skipped_samples = 0;   // data.on_error skip: samples replaced because they failed to load
   // Distributed runs: ranks whose parameters differ from rank 0's at the end (0 = replicas
