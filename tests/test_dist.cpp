@@ -4,6 +4,7 @@
 #include "testing.h"
 
 #include <fcntl.h>
+#include <png.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -34,6 +35,17 @@ using namespace train;
 namespace {
 
 const std::string kTrain = std::string(TRAIN_BINARY_DIR) + "/bin/train";
+
+// A size x size RGB PNG of one colour that varies with `shade`.
+void write_png(const std::string& path, int size, int shade) {
+  png_image image{};
+  image.version = PNG_IMAGE_VERSION;
+  image.width = static_cast<png_uint_32>(size);
+  image.height = static_cast<png_uint_32>(size);
+  image.format = PNG_FORMAT_RGB;
+  std::vector<uint8_t> pixels(static_cast<size_t>(size * size * 3), static_cast<uint8_t>(20 + 25 * shade));
+  REQUIRE(png_image_write_to_file(&image, path.c_str(), 0, pixels.data(), 0, nullptr) != 0);
+}
 
 // A BatchNorm-free model, so that data-parallel and single-process runs are the same arithmetic.
 // With TRAIN_TEST_DIE_RANK / TRAIN_TEST_DIE_AT set, that rank dies (or hangs) in that forward.
@@ -454,6 +466,29 @@ TEST_CASE("train launch runs ranks and stops them all when one fails", "[dist][p
     const int rc = wait_for(p, 120);
     INFO(slurp(p.log));
     CHECK(rc == 1);  // the data is missing (kExitData)
+  }
+  SECTION("a corrupt file in rank 1's shard: rank 0 names it, exits 1 and leaves no run directory") {
+    // ImageFolder without shuffling: rank r reads samples r, r + 2, ..., so only rank 1 meets the
+    // corrupt image at index 1, in its first batch. Rank 0 sees only its allreduce fail.
+    const std::string root = files::join(dir, "images");
+    for (const char* split : {"train/a", "train/b", "val/a", "val/b"}) {
+      files::make_directories(files::join(root, split));
+      for (int i = 0; i < 8; ++i) write_png(files::join(root, std::string(split) + "/" + std::to_string(i) + ".png"), 16, i);
+    }
+    const std::string corrupt = files::join(root, "train/a/1.png");
+    std::ofstream(corrupt, std::ios::binary | std::ios::trunc) << "this is not an image";
+    const std::string run_dir = files::join(dir, "bad_shard");
+    auto p = spawn({kTrain, "launch", "--nproc", "2", config, "--set", "data.kind=image_folder", "--set",
+                    "data.root=" + root, "--set", "data.image_size=12", "--set", "data.shuffle=false",
+                    "--set", "data.random_flip=false", "--set", "model.in_channels=3", "--set", "model.num_classes=2",
+                    "--run-dir", run_dir},
+                   {}, files::join(dir, "bad_shard.log"));
+    const int rc = wait_for(p, 120);
+    const std::string out = slurp(p.log);
+    INFO(out);
+    CHECK(rc == 1);  // kExitData, rank 1's error
+    CHECK_THAT(out, Catch::Contains("rank 1 stopped first") && Catch::Contains(corrupt));
+    CHECK_FALSE(files::exists(run_dir));
   }
   SECTION("a rank killed mid-run ends the launch, non-zero, without a hang") {
     const std::string run_dir = files::join(dir, "killed");

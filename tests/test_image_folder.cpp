@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "train/config.h"
@@ -387,6 +388,26 @@ TEST_CASE("Damaged and mislabelled image files are errors naming the file",
     write_file(dir / "stub.jpg", std::vector<uint8_t>(jpeg.begin(), jpeg.begin() + 40));
     CHECK_THAT(data_error([&] { decode_image(dir / "stub.jpg"); }),
                Contains(dir / "stub.jpg") && Contains("JPEG header"));
+  }
+  SECTION("a damaged JPEG does not spoil the next one decoded on the same thread") {
+    // Each thread keeps its TurboJPEG decompressor; a failure must not leave state behind.
+    write_file(dir / "stub.jpg", std::vector<uint8_t>(jpeg.begin(), jpeg.begin() + 40));
+    write_file(dir / "cut.jpg", std::vector<uint8_t>(jpeg.begin(), jpeg.begin() + jpeg.size() / 2));
+    write_jpeg(dir / "small.jpg", pattern(32, 32, 3, 1));
+    const std::vector<uint8_t> small = read_file(dir / "small.jpg");
+    write_file(dir / "small_cut.jpg", std::vector<uint8_t>(small.begin(), small.begin() + 300));
+    torch::Tensor fresh, fresh_small;
+    std::thread([&] {
+      fresh = decode_image(dir / "good.jpg");
+      fresh_small = decode_image(dir / "small.jpg");
+    }).join();
+    for (const char* bad : {"stub.jpg", "cut.jpg", "small_cut.jpg", "stub.jpg", "small_cut.jpg"}) {
+      INFO(bad);
+      CHECK_THROWS_AS(decode_image(dir / bad), train::DataError);
+      CHECK(torch::equal(decode_image(dir / "good.jpg"), fresh));
+      CHECK_THROWS_AS(decode_image(dir / bad), train::DataError);
+      CHECK(torch::equal(decode_image(dir / "small.jpg"), fresh_small));
+    }
   }
   SECTION("stray bytes before the end marker are harmless") {
     std::vector<uint8_t> padded(jpeg.begin(), jpeg.end() - 2);

@@ -183,9 +183,22 @@ int train_in_run_dir(const Config& config, RunParts& run, const std::string& run
     return result.steps < run.plan.total_steps ? kExitStopped : kExitOk;
   } catch (const Error& e) {
     // The trainer (its loader workers, metrics and event files) is gone by now.
-    if (before && is_bad_input(e) && !before->has_new_checkpoint()) {
+    std::optional<dist::Group::PeerFailure> peer;
+    if (run.group && run.group->size() > 1) {
+      run.group->post_failure(e.exit_code(), is_bad_input(e), e.what());
+      // A collective that failed here may be the echo of another rank's bad input (a corrupt
+      // file in its shard): that rank posted why before it exited.
+      if (!is_bad_input(e)) peer = run.group->peer_failure(3.0);
+    }
+    const bool bad_input = is_bad_input(e) || (peer && peer->bad_input);
+    if (before && bad_input && !before->has_new_checkpoint()) {
       log::set_file("");
       log::warn("the run stopped before its first checkpoint; " + before->restore());
+    }
+    if (peer) {
+      throw Error(log::str("rank ", peer->rank, " stopped first: ", peer->message, "\n(rank ", run.group->rank(),
+                           " then failed with: ", e.what(), ")"),
+                  peer->exit_code);
     }
     throw;
   }

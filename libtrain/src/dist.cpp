@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <thread>
 
 #include "train/config.h"
 #include "train/errors.h"
@@ -301,6 +302,49 @@ double Group::reduce_double(double value, ReduceOp op) {
   auto t = torch::full({1}, value, torch::TensorOptions().dtype(torch::kDouble).device(impl_->device));
   allreduce(t, op);
   return t.item<double>();
+}
+
+namespace {
+
+std::string failure_key(int64_t rank) { return "failure/" + std::to_string(rank); }
+
+}  // namespace
+
+void Group::post_failure(int exit_code, bool bad_input, const std::string& message) noexcept {
+  try {
+    const std::string text = std::to_string(exit_code) + (bad_input ? " bad-input " : " runtime ") + message;
+    impl_->store->set(failure_key(rank()), std::vector<uint8_t>(text.begin(), text.end()));
+    // A round trip on the same connection: the server has the key before this rank exits.
+    (void)impl_->store->check({failure_key(rank())});
+  } catch (...) {
+    // The store lives in rank 0 (or torchrun's agent); when it is gone there is no one to tell.
+  }
+}
+
+std::optional<Group::PeerFailure> Group::peer_failure(double wait_seconds) noexcept {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait_seconds);
+  try {
+    for (;;) {
+      for (int64_t r = 0; r < size(); ++r) {
+        if (r == rank() || !impl_->store->check({failure_key(r)})) continue;
+        const std::vector<uint8_t> bytes = impl_->store->get(failure_key(r));
+        const std::string text(bytes.begin(), bytes.end());
+        PeerFailure failure;
+        failure.rank = r;
+        const size_t code_end = text.find(' ');
+        const size_t kind_end = text.find(' ', code_end + 1);
+        if (code_end == std::string::npos || kind_end == std::string::npos) return std::nullopt;
+        failure.exit_code = std::atoi(text.substr(0, code_end).c_str());
+        failure.bad_input = text.compare(code_end + 1, kind_end - code_end - 1, "bad-input") == 0;
+        failure.message = text.substr(kind_end + 1);
+        return failure;
+      }
+      if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  } catch (...) {
+    return std::nullopt;
+  }
 }
 
 }  // namespace train::dist

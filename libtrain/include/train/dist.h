@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,21 @@ class Group {
   // Scalar conveniences (a one-element allreduce on the group's device).
   int64_t reduce_int(int64_t value, ReduceOp op);
   double reduce_double(double value, ReduceOp op);
+
+  // Failure reports through the rendezvous store, so that when one rank stops on bad input (a
+  // corrupt file in its shard) the others, which only see a collective fail, can name the cause.
+  // post_failure records this rank's failure; it never throws (the store may be gone).
+  void post_failure(int exit_code, bool bad_input, const std::string& message) noexcept;
+  struct PeerFailure {
+    int64_t rank = 0;
+    int exit_code = 1;
+    bool bad_input = false;
+    std::string message;
+  };
+  // The lowest-ranked failure another rank posted, waiting up to wait_seconds for one to arrive
+  // (a peer posts just before it exits, which is what makes this rank's collective fail). Never
+  // throws; nullopt when none came.
+  std::optional<PeerFailure> peer_failure(double wait_seconds) noexcept;
 
   struct Impl;
   Impl& impl();

@@ -113,28 +113,46 @@ void cmyk_to_rgb(uint8_t* pixels, int64_t count) {
 }
 
 // TurboJPEG decompressor of the calling thread (creating one costs more than decoding a
-// thumbnail).
-tjhandle thread_decompressor() {
-  thread_local const std::unique_ptr<void, int (*)(tjhandle)> handle(tjInitDecompress(), &tjDestroy);
-  if (!handle) {
-    throw Error(std::string("cannot create a TurboJPEG decompressor: ") + tjGetErrorStr2(nullptr));
+// thumbnail). After any failure or warning the thread gets a fresh one: TurboJPEG 2.1 can carry
+// state from a truncated stream into the next header it reads.
+struct ThreadDecompressor {
+  tjhandle handle = nullptr;
+  ~ThreadDecompressor() { reset(); }
+  void reset() {
+    if (handle != nullptr) tjDestroy(handle);
+    handle = nullptr;
   }
-  return handle.get();
+  tjhandle get() {
+    if (handle == nullptr) handle = tjInitDecompress();
+    if (handle == nullptr) {
+      throw Error(std::string("cannot create a TurboJPEG decompressor: ") + tjGetErrorStr2(nullptr));
+    }
+    return handle;
+  }
+};
+
+ThreadDecompressor& thread_decompressor() {
+  thread_local ThreadDecompressor decompressor;
+  return decompressor;
 }
 
 Pixels decode_jpeg(const std::string& path, const std::vector<uint8_t>& bytes, int64_t needed,
                    std::vector<uint8_t>& buffer) {
-  tjhandle handle = thread_decompressor();
+  ThreadDecompressor& decompressor = thread_decompressor();
+  tjhandle handle = decompressor.get();
   int width = 0;
   int height = 0;
   int subsampling = 0;
   int colorspace = 0;
   if (tjDecompressHeader3(handle, bytes.data(), bytes.size(), &width, &height, &subsampling,
                           &colorspace) != 0) {
-    throw DataError(path + ": corrupt JPEG header: " + tjGetErrorStr2(handle));
+    const std::string message = tjGetErrorStr2(handle);
+    decompressor.reset();
+    throw DataError(path + ": corrupt JPEG header: " + message);
   }
   // Data that ends before the frame header "succeeds" without a size.
   if (width <= 0 || height <= 0) {
+    decompressor.reset();
     throw DataError(path + ": truncated JPEG header (it ends before the image size)");
   }
   check_image_size(path, width, height, "JPEG");
@@ -151,6 +169,7 @@ Pixels decode_jpeg(const std::string& path, const std::vector<uint8_t>& bytes, i
   if (tjDecompress2(handle, bytes.data(), bytes.size(), buffer.data(), scaled_width, 0,
                     scaled_height, cmyk ? TJPF_CMYK : TJPF_RGB, 0) != 0) {
     const std::string message = tjGetErrorStr2(handle);
+    decompressor.reset();
     if (!is_harmless_jpeg_warning(message)) {
       throw DataError(path + ": corrupt or truncated JPEG: " + message);
     }
