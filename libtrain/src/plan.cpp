@@ -240,19 +240,18 @@ Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInpu
     const int64_t per_rank = std::max<int64_t>(1, device.cpu_cores / sharing);
     plan.workers_adaptive = true;
     plan.max_workers = std::max<int64_t>(1, device.is_cuda() ? per_rank - 1 : per_rank);
+    std::string reason;
     if (device.is_cuda()) {
       plan.workers = std::clamp<int64_t>(per_rank - 1, 1, 8);
+      reason = "cores per GPU minus one for the training thread, at most 8";
     } else {
       plan.workers = 1;
+      reason = "CPU training uses the cores for compute; one worker prefetches the next batch";
     }
-    const std::string adapt =
-        plan.max_workers > plan.workers
-            ? log::str("; raised up to ", plan.max_workers, " while data wait exceeds 5% of a logging window")
-            : std::string();
-    decide("workers", std::to_string(plan.workers),
-           (device.is_cuda() ? std::string("cores per GPU minus one for the training thread, at most 8")
-                             : std::string("CPU training uses the cores for compute; one worker prefetches the next batch")) +
-               adapt);
+    if (plan.max_workers > plan.workers) {
+      reason += log::str("; raised up to ", plan.max_workers, " while data wait exceeds 5% of a logging window");
+    }
+    decide("workers", std::to_string(plan.workers), reason);
   }
   decide("pin_memory", plan.pin_memory ? "on" : "off",
          plan.pin_memory ? "page-locked buffers; each batch is copied on a side stream while the previous one computes"

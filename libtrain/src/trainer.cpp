@@ -698,7 +698,6 @@ FitResult Trainer::fit(const std::string& resume) {
     if (s.step % log_every == 0 || last) {
       const double elapsed = seconds_since(window_start);
       const double waited = s.loader_wait() - window_wait_start;
-      const int64_t window_steps_done = window_steps;
       if (s.group) {  // the loss of the global batch: the mean over ranks
         window_loss = s.group->reduce_double(window_loss, dist::ReduceOp::Sum) / static_cast<double>(s.group->size());
         window_samples *= s.group->size();
@@ -724,10 +723,10 @@ FitResult Trainer::fit(const std::string& resume) {
       if (s.plan.loss_scaling) r.add("loss_scale", s.scaler->get_scale());
       s.metrics.write(r);
       window_loss = 0;
+      s.adapt_workers(elapsed, waited, window_steps);
       window_steps = 0;
       window_loss_steps = 0;
       window_samples = 0;
-      s.adapt_workers(elapsed, waited, window_steps_done);
       window_start = Clock::now();
       window_wait_start = s.loader_wait();
       step_time.reset();
