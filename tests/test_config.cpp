@@ -388,6 +388,11 @@ TEST_CASE("rules across keys are checked", "[config]") {
                Contains("test.yaml: key 'data.root': required when data.kind is 'idx'"));
     CHECK_NOTHROW(parse_config("data: {kind: synthetic}\n" + kModelAndTrainer, "test.yaml"));
   }
+  SECTION("nesterov needs momentum") {
+    CHECK_THAT(config_error("optim:\n  name: sgd\n  momentum: 0\n  nesterov: true\n" + kRequired),
+               Contains("test.yaml:4:13: key 'optim.nesterov': Nesterov momentum needs optim.momentum > 0"));
+    CHECK_NOTHROW(parse_config("optim: {name: sgd, nesterov: true, momentum: 0.9}\n" + kRequired, "test.yaml"));
+  }
   SECTION("milestones increase") {
     CHECK_THAT(config_error("schedule:\n  milestones: [0.6, 0.3]\n" + kRequired),
                Contains("test.yaml:2:15: key 'schedule.milestones': must be strictly increasing, "

@@ -185,6 +185,18 @@ std::string slurp(const std::string& path) {
   return s.str();
 }
 
+// The processes of the `train` binary that `parent` started (a launcher's ranks).
+std::vector<pid_t> train_children(pid_t parent) {
+  std::istringstream kids(slurp("/proc/" + std::to_string(parent) + "/task/" + std::to_string(parent) + "/children"));
+  std::vector<pid_t> children;
+  for (pid_t c; kids >> c;) {
+    char exe[4096];
+    const ssize_t n = readlink(("/proc/" + std::to_string(c) + "/exe").c_str(), exe, sizeof(exe) - 1);
+    if (n > 0 && files::filename(std::string(exe, static_cast<size_t>(n))) == "train") children.push_back(c);
+  }
+  return children;
+}
+
 std::string self_exe() {
   char buf[4096];
   const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
@@ -277,7 +289,7 @@ TEST_CASE("environment variables of torchrun, Slurm and Open MPI", "[dist]") {
 
   const dist::Env tr = from({{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"},
                              {"MASTER_ADDR", "node7"}, {"MASTER_PORT", "1234"}, {"TORCHELASTIC_RUN_ID", "x"},
-                             {"TORCHELASTIC_USE_AGENT_STORE", "True"}});
+                             {"TORCHELASTIC_USE_AGENT_STORE", "True"}, {"TORCHELASTIC_RESTART_COUNT", "2"}});
   CHECK(tr.rank == 3);
   CHECK(tr.world_size == 8);
   CHECK(tr.local_rank == 1);
@@ -286,6 +298,7 @@ TEST_CASE("environment variables of torchrun, Slurm and Open MPI", "[dist]") {
   CHECK(tr.master_port == 1234);
   CHECK(tr.launcher == "torchrun");
   CHECK(tr.agent_store);
+  CHECK(tr.restart == 2);
 
   const dist::Env slurm = from({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"},
                                 {"SLURM_NTASKS_PER_NODE", "4(x2)"}, {"SLURM_JOB_NODELIST", "gpu[03-04,07],cpu1"}});
@@ -370,6 +383,14 @@ TEST_CASE("a parameter without a gradient is named, or tolerated when the config
       write_config(dir, "ok", "distributed: {timeout_s: 10, find_unused_parameters: true}\n", "test_mlp_unused");
   const auto [r0, r1] = run_two_ranks(files::make_temp_directory(dir + "/ok_"), ok);
   CHECK(bitwise_equal(r0, r1));
+  // As in PyTorch's DDP and in one process: a parameter no rank used is not stepped at all (the
+  // config's weight decay and momentum would otherwise move it on an all-zero gradient).
+  const auto single = train_once(ok, dist::Env{});
+  REQUIRE(single.size() == r0.size());
+  INFO("max |single - ddp| = " << max_abs_diff(single, r0));
+  CHECK(max_abs_diff(single, r0) < 1e-5);
+  CHECK(torch::equal(single[4], r0[4]));  // unused.weight, untouched since initialisation
+  CHECK(torch::equal(single[5], r0[5]));  // unused.bias
   files::remove_all(dir);
 }
 
@@ -502,10 +523,7 @@ TEST_CASE("train launch runs ranks and stops them all when one fails", "[dist][p
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     REQUIRE(files::exists(files::join(run_dir, "checkpoints/step_00000006.pt")));
-    const std::string kids = slurp("/proc/" + std::to_string(p.pid) + "/task/" + std::to_string(p.pid) + "/children");
-    std::istringstream pids(kids);
-    std::vector<pid_t> children;
-    for (pid_t c; pids >> c;) children.push_back(c);
+    const std::vector<pid_t> children = train_children(p.pid);
     REQUIRE(children.size() == 2);
     ::kill(children[1], SIGKILL);
     const int rc = wait_for(p, 60);
@@ -584,6 +602,54 @@ TEST_CASE("runs launched by the real torchrun and by mpirun", "[dist][process][l
     INFO(out);
     CHECK(rc == 0);
     CHECK_THAT(out, Catch::Contains("torchrun") && Catch::Contains("parameters identical on all 2 ranks"));
+  }
+  SECTION("torchrun --max-restarts: a killed rank is restarted with the others, and the run resumes exactly") {
+    const std::string torchrun = files::join(files::parent(std::string(TRAIN_PYTHON)), "torchrun");
+    REQUIRE(files::exists(torchrun));
+    const std::string run_dir = files::join(dir, "elastic");
+    // Steps long enough (about 0.1 s) that the run is still going when the test sees a checkpoint.
+    const std::vector<std::string> overrides = {"--set", "trainer.max_steps=60", "--set", "checkpoint.every_steps=4",
+                                                "--set", "logging.every_steps=4", "--set", "data.image_size=32",
+                                                "--set", "model.width=0.25"};
+    std::vector<std::string> args = {torchrun, "--no-python", "--nproc-per-node", "2", "--max-restarts", "1",
+                                     "--master-port", std::to_string(free_port()), kTrain, "fit", config,
+                                     "--run-dir", run_dir, "--resume", "auto"};
+    args.insert(args.end(), overrides.begin(), overrides.end());
+    auto p = spawn(args, {}, files::join(dir, "elastic.log"));
+    // Once a checkpoint exists, kill one of the ranks (torchrun's `train` children) with SIGKILL.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (!files::exists(checkpoint_path(files::join(run_dir, "checkpoints"), 8)) &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    REQUIRE(files::exists(checkpoint_path(files::join(run_dir, "checkpoints"), 8)));
+    const std::vector<pid_t> children = train_children(p.pid);
+    REQUIRE(children.size() == 2);
+    ::kill(children[1], SIGKILL);
+    const int rc = wait_for(p, 300);
+    const std::string out = slurp(p.log);
+    INFO(out);
+    REQUIRE(rc == 0);
+    CHECK_THAT(out, Catch::Contains("resumed from") && Catch::Contains("parameters identical on all 2 ranks"));
+    const std::string last = checkpoint_path(files::join(run_dir, "checkpoints"), 60);
+    REQUIRE(files::exists(last));
+
+    // The same run without the kill (train launch sets the same variables torchrun does).
+    std::vector<std::string> whole_args = {kTrain, "launch", "--nproc", "2", config, "--run-dir",
+                                           files::join(dir, "elastic_whole")};
+    whole_args.insert(whole_args.end(), overrides.begin(), overrides.end());
+    auto w = spawn(whole_args, {}, files::join(dir, "elastic_whole.log"));
+    REQUIRE(wait_for(w, 300) == 0);
+    Config c = load_config(config, {"trainer.max_steps=60", "data.image_size=32", "model.width=0.25"});
+    auto weights = [&](const std::string& path) {
+      RunParts run = prepare_run(c);
+      load_checkpoint(path, *run.model, nullptr);
+      std::vector<torch::Tensor> out;
+      for (const auto& t : run.model->parameters()) out.push_back(t.detach().clone());
+      for (const auto& t : run.model->buffers()) out.push_back(t.detach().clone());
+      return out;
+    };
+    CHECK(bitwise_equal(weights(last), weights(checkpoint_path(files::join(dir, "elastic_whole/checkpoints"), 60))));
   }
   SECTION("mpirun") {
     auto p = spawn({"mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x",

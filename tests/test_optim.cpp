@@ -1,8 +1,11 @@
 #include "testing.h"
 
 #include <torch/version.h>
+#include <train/amp.h>
+#include <train/checkpoint.h>
 #include <train/config.h>
 #include <train/errors.h>
+#include <train/files.h>
 #include <train/optim.h>
 
 #include <sstream>
@@ -186,6 +189,74 @@ TEST_CASE("optim: state saved by one implementation continues in another", "[opt
       check_same_parameters(uninterrupted, after);
     }
   }
+}
+
+// Optimizer::state()'s key for a parameter: the TensorImpl address, as text on LibTorch 1.13.
+void state_key(void* impl, void*& key) { key = impl; }
+void state_key(void* impl, std::string& key) {
+  std::ostringstream text;
+  text << impl;
+  key = text.str();
+}
+auto compat_key(const torch::Tensor& param) {
+  std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type key;
+  state_key(param.unsafeGetTensorImpl(), key);
+  return key;
+}
+
+// Every state tensor (momentum, Adam moments) on its parameter's device with its strides.
+void check_state_like_params(torch::optim::Optimizer& optimizer, Net& net) {
+  std::vector<torch::Tensor> states;
+  for (const auto& p : net.parameters()) {
+    const auto it = optimizer.state().find(compat_key(p));
+    if (it == optimizer.state().end()) continue;
+    if (auto* s = dynamic_cast<torch::optim::SGDParamState*>(it->second.get())) {
+      states = {s->momentum_buffer()};
+    } else if (auto* a = dynamic_cast<torch::optim::AdamWParamState*>(it->second.get())) {
+      states = {a->exp_avg(), a->exp_avg_sq()};
+    }
+    for (const auto& t : states) {
+      INFO("parameter of shape " << p.sizes() << ": state strides " << t.strides() << ", parameter " << p.strides());
+      CHECK(t.device() == p.device());
+      CHECK(t.strides() == p.strides());
+    }
+  }
+}
+
+TEST_CASE("optim: a checkpoint's optimizer state takes its parameter's layout and device on load", "[optim]") {
+  const std::string dir = files::make_temp_directory("train_optim_layout_");
+  const torch::Device device = torch::cuda::is_available() ? torch::Device("cuda:0") : torch::Device(torch::kCPU);
+  for (const std::string name : {"sgd", "adamw"}) {
+    INFO(name << " on " << device);
+    OptimConfig config;
+    config.name = name;
+    config.momentum = 0.9;
+    auto prepare = [&](Net& net) {
+      net.to(device);
+      to_channels_last(net);  // the 4-D weight's strides are no longer contiguous ones
+    };
+    Net uninterrupted;
+    prepare(uninterrupted);
+    REQUIRE_FALSE(uninterrupted.conv.is_contiguous());
+    const auto reference = make_optimizer(config, uninterrupted, 0.1);
+    run_steps(*reference, uninterrupted, 0, 5);
+
+    Net before;
+    prepare(before);
+    const auto first = make_optimizer(config, before, 0.1);
+    run_steps(*first, before, 0, 3);
+    const std::string path = files::join(dir, name + ".pt");
+    save_checkpoint(path, before, first.get(), TrainState{});
+
+    Net after;
+    prepare(after);
+    const auto second = make_optimizer(config, after, 0.1);
+    load_checkpoint(path, after, second.get());  // archives are read onto the CPU, contiguous
+    check_state_like_params(*second, after);
+    run_steps(*second, after, 3, 5);
+    check_same_parameters(uninterrupted, after);
+  }
+  files::remove_all(dir);
 }
 
 TEST_CASE("optim: impl fused without a LibTorch kernel for the device is a ConfigError", "[optim]") {

@@ -147,6 +147,36 @@ TEST_CASE("tensorboard: TensorBoard's EventAccumulator reads the records metrics
   CHECK(train::testing::run_python("tensorboard_events.py", "check " + tmp.path + " " + tmp / "metrics.jsonl") == 1);
 }
 
+TEST_CASE("tensorboard: a resumed run's repeated steps replace the earlier attempt's, in events and jsonl",
+          "[tensorboard][python][resume]") {
+  TempDir tmp;
+  train::LoggingConfig logging;
+  auto record = [](int64_t step, double loss) {
+    train::MetricRecord r;
+    r.add("step", step).add("split", "train").add("loss", loss);
+    return r;
+  };
+  {
+    train::MetricsSink first(tmp.path, logging);
+    first.start_after(0);
+    for (int64_t step = 1; step <= 5; ++step) first.write(record(step, 1.0));  // killed after step 5
+  }
+  {
+    train::MetricsSink resumed(tmp.path, logging);  // a new event file, as a new process writes
+    resumed.start_after(3);                         // from the checkpoint at step 3
+    for (int64_t step = 4; step <= 6; ++step) resumed.write(record(step, 2.0));
+  }
+  REQUIRE(event_files(tmp.path).size() == 2);
+  std::ifstream in(tmp / "metrics.jsonl");
+  int64_t rows = 0;
+  for (std::string line; std::getline(in, line);) ++rows;
+  CHECK(rows == 6);
+  // TensorBoard drops steps 4 and 5 of the first file (SessionLog START at step 4), so what it
+  // shows is the jsonl's steps 1-3 at 1.0 and 4-6 at 2.0, once each.
+  CHECK(train::testing::run_python("tensorboard_events.py",
+                                   "check " + tmp.path + " " + tmp / "metrics.jsonl" + " train/loss") == 0);
+}
+
 TEST_CASE("tensorboard: train fit writes event files; scripts/plot draws the curves", "[tensorboard][plot][python]") {
   TempDir tmp;
   const std::string cfg = tmp / "run.yaml";

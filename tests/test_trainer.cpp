@@ -13,6 +13,8 @@
 
 #include <chrono>
 #include <fstream>
+#include <iterator>
+#include <sstream>
 #include <thread>
 #include <unistd.h>
 
@@ -81,6 +83,82 @@ TEST_CASE("accumulation: 4 micro-steps of 4 equal one step of 16", "[trainer]") 
   torch::manual_seed(0);
   RunParts fresh = prepare_run(whole);
   CHECK_FALSE(torch::allclose(fresh.model->parameters()[0], a[0]));
+}
+
+namespace {
+
+// Token tagging with a varying number of targets per sequence (MLM-like: -100 elsewhere), some
+// sequences with none at all.
+class TokenToy final : public data::Dataset {
+ public:
+  int64_t size() const override { return 256; }
+  data::Example get(int64_t index, uint64_t /*seed*/) const override {
+    torch::Tensor ids = torch::empty({8}, torch::kLong), target = torch::full({8}, -100, torch::kLong);
+    const int64_t targets = (index * 7) % 9;  // 0..8
+    for (int64_t t = 0; t < 8; ++t) {
+      ids[t] = (index * 5 + t * 3) % 20;
+      if (t < targets) target[t] = (index + t) % 20;
+    }
+    return {ids, target};
+  }
+  std::vector<int64_t> input_shape() const override { return {8}; }
+  int64_t num_classes() const override { return 20; }
+  std::string describe() const override { return "token toy"; }
+};
+
+class TinyTagger : public models::Model {
+ public:
+  explicit TinyTagger(const ModelConfig&) {
+    embed = register_module("embed", torch::nn::Embedding(20, 16));
+    out = register_module("out", torch::nn::Linear(16, 20));
+  }
+  torch::Tensor forward(const torch::Tensor& x) override { return out->forward(torch::tanh(embed->forward(x))); }
+  torch::nn::Embedding embed{nullptr};
+  torch::nn::Linear out{nullptr};
+};
+
+std::vector<torch::Tensor> tagger_after_fit(int64_t micro_batch) {
+  static const bool once = [] {
+    models::register_model("tiny_tagger", [](const ModelConfig& c) { return std::make_shared<TinyTagger>(c); },
+                           "token tagger for tests");
+    return true;
+  }();
+  (void)once;
+  Config c = synthetic_config("model.name=tiny_tagger");
+  c.tuning.micro_batch = micro_batch;
+  c.trainer.max_steps = 3;
+  c.optim.lr = 0.5;
+  RunParts run = prepare_run(c);
+  Trainer trainer(c, run.plan, run.model, std::make_shared<TokenToy>(), nullptr, "");
+  trainer.fit();
+  std::vector<torch::Tensor> out;
+  for (const auto& p : trainer.model().parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("accumulation with token targets: the loss is the mean over the global batch's targets", "[trainer]") {
+  // Micro-batches hold different numbers of targets; the mean of their means would depend on the
+  // split, so 16 x 1, 4 x 4 and 2 x 8 would train differently (and an all-ignored micro-batch
+  // would give NaN).
+  const auto whole = tagger_after_fit(16);
+  for (const int64_t micro : {4, 2}) {
+    INFO("micro-batch " << micro);
+    const auto split = tagger_after_fit(micro);
+    REQUIRE(split.size() == whole.size());
+    for (size_t i = 0; i < whole.size(); ++i) {
+      INFO("parameter " << i << ", largest difference " << (whole[i] - split[i]).abs().max().item<double>());
+      CHECK(torch::allclose(whole[i], split[i], 1e-5, 1e-6));
+    }
+  }
+  // The steps moved the weights (else the comparison above proves nothing).
+  torch::manual_seed(static_cast<uint64_t>(synthetic_config().trainer.seed));  // as prepare_run seeds
+  const auto initial = TinyTagger(ModelConfig{}).parameters();
+  for (size_t i = 0; i < whole.size(); ++i) {
+    CHECK(torch::isfinite(whole[i]).all().item<bool>());
+    CHECK((whole[i] - initial[i]).abs().max().item<double>() > 1e-3);
+  }
 }
 
 TEST_CASE("checkpoint: round trip restores model, optimizer and position", "[trainer][checkpoint]") {
@@ -207,23 +285,75 @@ TEST_CASE("fit: stopping and resuming gives the same weights as an uninterrupted
   c.schedule.name = "cosine";
   c.checkpoint.every_steps = 20;
   c.checkpoint.keep_last = 5;
+  c.logging.every_steps = 4;
+  c.logging.tensorboard = false;  // tests/test_tensorboard.cpp checks the events of a resumed run
 
   RunParts full = prepare_run(c);
   Trainer a(c, full.plan, full.model, full.train, nullptr, dir_a);
   a.fit();
 
-  // A fresh trainer (as a restarted process would build) continues from the step-20 checkpoint.
+  // A fresh trainer (as a restarted process would build) continues from the step-20 checkpoint,
+  // in a run directory whose metrics.jsonl already holds the rows of steps 4 to 48 and a line cut
+  // short by the kill, and which still holds the abandoned future's step-40 checkpoint.
   files::make_directories(files::join(dir_b, "checkpoints"));
-  files::copy_file(checkpoint_path(files::join(dir_a, "checkpoints"), 20),
-                   checkpoint_path(files::join(dir_b, "checkpoints"), 20));
+  for (const int64_t step : {20, 40}) {
+    files::copy_file(checkpoint_path(files::join(dir_a, "checkpoints"), step),
+                     checkpoint_path(files::join(dir_b, "checkpoints"), step));
+  }
+  auto read_text = [](const std::string& path) {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  auto train_steps = [&](const std::string& path) {
+    std::vector<int64_t> steps;
+    std::istringstream lines(read_text(path));
+    for (std::string line; std::getline(lines, line);) {
+      if (line.find("\"split\":\"train\"") != std::string::npos) steps.push_back(std::stoll(line.substr(8)));
+    }
+    return steps;
+  };
+  const std::string metrics_a = files::join(dir_a, "metrics.jsonl"), metrics_b = files::join(dir_b, "metrics.jsonl");
+  std::ofstream(metrics_b) << read_text(metrics_a) << "{\"step\":52,\"split\":\"tr";
   torch::manual_seed(1234);  // the resumed run must not depend on the process's RNG state
   RunParts resumed = prepare_run(synthetic_config("trainer.seed=99"));  // different initial weights, overwritten
   Trainer b2(c, full.plan, resumed.model, resumed.train, nullptr, dir_b);
-  const FitResult r = b2.fit("auto");
+  const FitResult r = b2.fit(checkpoint_path(files::join(dir_b, "checkpoints"), 20));
   CHECK(r.resumed_from_step == 20);
   CHECK(r.steps == 48);
   const auto pa = a.model().parameters(), pb = b2.model().parameters();
   for (size_t i = 0; i < pa.size(); ++i) CHECK(torch::allclose(pa[i], pb[i], 1e-6, 1e-7));
+  // The old step-40 checkpoint was set aside before the resumed run wrote its own.
+  CHECK(files::exists(files::join(dir_b, "checkpoints/abandoned/step_00000040.pt")));
+  CHECK(files::exists(files::join(dir_b, "checkpoints/step_00000040.pt")));
+
+  // The same checkpoint as a 2-rank run would have written it (position counted in each rank's
+  // half of the data): one process resumes at the same place in the data, and ends the same.
+  {
+    Config cc = c;
+    cc.logging.jsonl = false;
+    const std::string dir_c = temp_dir("resume_c");
+    files::make_directories(files::join(dir_c, "checkpoints"));
+    RunParts scratch = prepare_run(cc);
+    auto optimizer = make_optimizer(cc.optim, *scratch.model, full.plan.lr);
+    TrainState st = load_checkpoint(checkpoint_path(files::join(dir_a, "checkpoints"), 20), *scratch.model,
+                                    optimizer.get());
+    REQUIRE(st.batch_in_epoch % 2 == 0);
+    st.batch_in_epoch /= 2;
+    st.tensors["trainer/world_size"] = torch::tensor(int64_t{2}, torch::kLong);
+    const std::string two_ranks = checkpoint_path(files::join(dir_c, "checkpoints"), 20);
+    save_checkpoint(two_ranks, *scratch.model, optimizer.get(), st);
+    RunParts again = prepare_run(synthetic_config("trainer.seed=99"));
+    Trainer c2(cc, full.plan, again.model, again.train, nullptr, dir_c);
+    CHECK(c2.fit(two_ranks).steps == 48);
+    const auto pc = c2.model().parameters();
+    for (size_t i = 0; i < pa.size(); ++i) CHECK(torch::allclose(pa[i], pc[i], 1e-6, 1e-7));
+    files::remove_all(dir_c);
+  }
+  // Each step logged once: the resumed run dropped the rows after step 20 before logging them anew.
+  const auto steps_a = train_steps(metrics_a), steps_b = train_steps(metrics_b);
+  CHECK(steps_a.size() == 12);
+  CHECK(steps_b == steps_a);
+  CHECK(read_text(metrics_b).find("\"tr\n") == std::string::npos);
   files::remove_all(dir_a);
   files::remove_all(dir_b);
 }

@@ -3,7 +3,10 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <torch/torch.h>
 #include <vector>
@@ -13,7 +16,7 @@
 #include "train/files.h"
 #include "train/log.h"
 #include "train/metrics.h"
-#include "train/log.h"
+#include "train/optim.h"
 #include "train/safetensors.h"
 
 namespace train {
@@ -226,6 +229,9 @@ TrainState load_checkpoint(const std::string& path, torch::nn::Module& model, to
     if (!archive.try_read("optimizer", opt)) throw CheckpointError(path + ": no 'optimizer' entry");
     try {
       optimizer->load(opt);
+      place_state_like_params(*optimizer);  // the archive was read onto the CPU
+    } catch (const std::invalid_argument& e) {
+      throw CheckpointError(path + ": optimizer state does not match this model: " + e.what());
     } catch (const c10::Error& e) {
       std::string what = e.what_without_backtrace();
       throw CheckpointError(path + ": optimizer state does not match this optimizer: " +
@@ -329,6 +335,24 @@ std::string latest_checkpoint(const std::string& dir) {
     }
   }
   return "";
+}
+
+std::vector<std::string> set_aside_checkpoints_after(const std::string& dir, int64_t step) {
+  std::vector<std::string> moved;
+  const std::string aside = files::join(dir, "abandoned");
+  for (const auto& path : list_checkpoints(dir)) {
+    const std::string name = files::filename(path);
+    if (std::strtoll(name.c_str() + 5, nullptr, 10) <= step) continue;  // "step_%08lld.pt"
+    files::make_directories(aside);
+    for (const std::string& from : {path, sum_path(path)}) {
+      const std::string to = files::join(aside, files::filename(from));
+      if (files::exists(from) && std::rename(from.c_str(), to.c_str()) != 0) {
+        throw Error("cannot move " + from + " to " + to + ": " + std::strerror(errno));
+      }
+    }
+    moved.push_back(files::join(aside, name));
+  }
+  return moved;
 }
 
 void prune_checkpoints(const std::string& dir, int64_t keep, const std::string& protect) {

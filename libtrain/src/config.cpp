@@ -447,7 +447,8 @@ std::vector<Key> build_schema() {
                   "size of the first bucket (the last layers' gradients, ready first) in MiB")
           .above(0),
       distributed("find_unused_parameters", &DistributedConfig::find_unused_parameters,
-                  "parameters that get no gradient count as zero; false = such a parameter is an error"),
+                  "a parameter some rank left without a gradient counts as zero there; one no rank used is not "
+                  "stepped (as in PyTorch's DDP); false = such a parameter is an error"),
       distributed("broadcast_buffers", &DistributedConfig::broadcast_buffers,
                   "copy rank 0's buffers (BatchNorm running statistics) to every rank before each step"),
   };
@@ -947,6 +948,11 @@ Config ConfigBuilder::validated() const {
     fail(where_set("data.resize_size"), "data.resize_size",
          "is " + std::to_string(data.resize_size) + ", smaller than data.image_size (" +
              std::to_string(data.image_size) + "), so the center crop would not fit");
+
+  const OptimConfig& optim = config_.optim;
+  if (optim.name == "sgd" && optim.nesterov && optim.momentum == 0)
+    fail(where_set("optim.nesterov"), "optim.nesterov",
+         "Nesterov momentum needs optim.momentum > 0 (as in torch.optim.SGD); optim.momentum is 0");
 
   const std::vector<double>& milestones = config_.schedule.milestones;
   for (size_t i = 1; i < milestones.size(); ++i)

@@ -60,7 +60,8 @@ struct GradSync::Impl {
     std::string name;
     size_t bucket = 0;
     int64_t offset = 0;     // element offset in the bucket's buffer
-    bool ready = false;
+    bool ready = false;     // its gradient is in the bucket (this synchronising backward)
+    bool used = false;      // its hook fired in some micro-step since the last finish()
     std::shared_ptr<torch::autograd::Node> accumulator;  // held: the variable keeps it only weakly
     uintptr_t hook_key = 0;
   };
@@ -84,6 +85,7 @@ struct GradSync::Impl {
   GradSyncStats stats;
 
   void mark_ready(size_t index);
+  torch::Tensor reduce_used();
   void launch_ready_buckets();
   void launch(Bucket& bucket);
 };
@@ -108,8 +110,9 @@ class ReadyHook final : public torch::autograd::FunctionPostHook {
 
 void GradSync::Impl::mark_ready(size_t index) {
   std::lock_guard<std::mutex> lock(mutex);
-  if (!syncing) return;  // a no_sync micro-step: the gradient stays local
   Param& p = params[index];
+  p.used = true;
+  if (!syncing) return;  // a no_sync micro-step: the gradient stays local
   if (p.ready) return;
   p.ready = true;
   Bucket& b = buckets[p.bucket];
@@ -118,6 +121,23 @@ void GradSync::Impl::mark_ready(size_t index) {
   b.buffer.narrow(0, p.offset, p.tensor.numel()).view(p.tensor.sizes()).copy_(grad);
   stats.copy_seconds += seconds_since(t0);
   if (--b.pending == 0) launch_ready_buckets();
+}
+
+// How many ranks used each parameter since the last finish() (int32 on the CPU). Collective: with
+// find_unused_parameters every rank calls it once per synchronised step, after its buckets.
+torch::Tensor GradSync::Impl::reduce_used() {
+  std::vector<int32_t> flags;
+  flags.reserve(params.size());
+  for (const auto& p : params) flags.push_back(p.used ? 1 : 0);
+  std::vector<torch::Tensor> tensors{torch::tensor(flags, torch::kInt).to(group->impl().device)};
+  c10::intrusive_ptr<c10d::Work> work;
+  try {
+    work = group->impl().backend->allreduce(tensors);
+  } catch (const std::exception& e) {
+    group->impl().fail("allreduce of used parameters", e.what());
+  }
+  group->impl().wait(work, "allreduce of used parameters");
+  return tensors[0].cpu();
 }
 
 void GradSync::Impl::launch_ready_buckets() {
@@ -274,8 +294,9 @@ void GradSync::finish() {
       unused.push_back(p.name);
       continue;
     }
+    // Unused in the last micro-step: what earlier (no_sync) micro-steps accumulated, else nothing.
     auto slot = s.buckets[p.bucket].buffer.narrow(0, p.offset, p.tensor.numel()).view(p.tensor.sizes());
-    if (p.tensor.grad().defined()) slot.copy_(p.tensor.grad()); else slot.zero_();
+    if (p.used && p.tensor.grad().defined()) slot.copy_(p.tensor.grad()); else slot.zero_();
     p.ready = true;
     --s.buckets[p.bucket].pending;
   }
@@ -288,13 +309,21 @@ void GradSync::finish() {
                          "to count them as zero, or freeze them"));
   }
   s.launch_ready_buckets();
+  // Which parameters some rank used, as PyTorch's DDP finds out: one parameter no rank used keeps
+  // its gradient as it was (none), so that the optimizer leaves it alone as a single process would
+  // (no weight decay, no momentum) rather than stepping on an all-zero gradient.
+  const torch::Tensor used_anywhere = s.options.find_unused_parameters ? s.reduce_used() : torch::Tensor();
   const auto t0 = Clock::now();
   for (auto& b : s.buckets) s.group->impl().wait(b.work, "gradient allreduce");
   s.collectives_done = true;
   s.stats.wait_seconds += seconds_since(t0);
   const auto t1 = Clock::now();
   torch::NoGradGuard no_grad;
-  for (auto& p : s.params) {
+  const int32_t* used = used_anywhere.defined() ? used_anywhere.data_ptr<int32_t>() : nullptr;
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    auto& p = s.params[i];
+    p.used = false;
+    if (used != nullptr && used[i] == 0) continue;
     auto slot = s.buckets[p.bucket].buffer.narrow(0, p.offset, p.tensor.numel()).view(p.tensor.sizes());
     if (p.tensor.grad().defined()) {
       p.tensor.mutable_grad().copy_(slot);
@@ -320,8 +349,10 @@ void GradSync::abandon() {
   }
   s.syncing = false;
   for (auto& p : s.params) p.ready = true;
+  for (auto& p : s.params) p.used = false;
   for (auto& b : s.buckets) b.pending = 0;
   s.launch_ready_buckets();  // whatever the buffers hold: every rank discards this step
+  if (s.options.find_unused_parameters) (void)s.reduce_used();  // the others' finish() takes part in it
   for (auto& b : s.buckets) s.group->impl().wait(b.work, "gradient allreduce");
   for (auto& b : s.buckets) b.work.reset();
   s.collectives_done = true;

@@ -114,6 +114,7 @@ Env detect_env(const Getenv& get) {
     e.local_world_size = env_int(get, "LOCAL_WORLD_SIZE", e.world_size, 1);
     e.launcher = get("TORCHELASTIC_RUN_ID") ? "torchrun" : env_str(get, "TRAIN_LAUNCHER", "env");
     e.agent_store = env_str(get, "TORCHELASTIC_USE_AGENT_STORE", "") == "True";
+    e.restart = env_int(get, "TORCHELASTIC_RESTART_COUNT", 0, 0);
     check_ranks(e, "RANK", "WORLD_SIZE");
   } else if (get("SLURM_PROCID") != nullptr && env_int(get, "SLURM_NTASKS", 1, 1) > 1) {
     e.launcher = "slurm";
@@ -208,7 +209,9 @@ std::shared_ptr<Group> Group::create(const Env& env, const DistributedConfig& co
   compat::store_without_libuv(so);
   try {
     auto tcp = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
-    impl->store = c10::make_intrusive<c10d::PrefixStore>("train/", tcp);
+    // Keys are per attempt: a store that outlives a restart (an agent's, depending on the torchrun
+    // version) must not hand this attempt the Gloo addresses or failure reports of the last one.
+    impl->store = c10::make_intrusive<c10d::PrefixStore>(log::str("train/", env.restart, "/"), tcp);
   } catch (const std::exception& e) {
     const std::string what = e.what();
     throw Error(log::str("distributed: rank ", env.rank, " could not join the rendezvous at ", env.master_addr, ":",
@@ -296,6 +299,20 @@ int64_t Group::reduce_int(int64_t value, ReduceOp op) {
   auto t = torch::full({1}, value, torch::TensorOptions().dtype(torch::kLong).device(impl_->device));
   allreduce(t, op);
   return t.item<int64_t>();
+}
+
+std::vector<int64_t> Group::reduce_ints(const std::vector<int64_t>& values, ReduceOp op) {
+  auto t = torch::tensor(values, torch::kLong).to(impl_->device);
+  allreduce(t, op);
+  t = t.cpu();
+  return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
+}
+
+std::vector<double> Group::reduce_doubles(const std::vector<double>& values, ReduceOp op) {
+  auto t = torch::tensor(values, torch::kDouble).to(impl_->device);
+  allreduce(t, op);
+  t = t.cpu();
+  return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
 }
 
 double Group::reduce_double(double value, ReduceOp op) {

@@ -7,10 +7,13 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <cstring>
 #include <limits>
 #include <sstream>
 
+#include "atomic_file.h"
 #include "train/config.h"
 #include "train/errors.h"
 #include "train/files.h"
@@ -90,6 +93,28 @@ void JsonlWriter::write(const MetricRecord& record) {
   if (!out_) throw Error("failed writing metrics file " + path_);
 }
 
+void JsonlWriter::truncate_after(int64_t step) {
+  if (!out_.is_open()) return;
+  out_.close();
+  std::string kept;
+  {
+    std::ifstream in(path_);
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.empty() || line.back() != '}') continue;  // cut short by a kill
+      // Records begin with their step ("step" is the first key the trainer writes).
+      static const std::string kKey = "\"step\":";
+      const size_t at = line.find(kKey);
+      if (at != std::string::npos && std::strtoll(line.c_str() + at + kKey.size(), nullptr, 10) > step) continue;
+      kept += line;
+      kept += '\n';
+    }
+  }
+  detail::write_text_atomically(path_, kept);
+  out_.open(path_, std::ios::app);
+  if (!out_) throw Error("cannot open metrics file " + path_ + " for writing");
+}
+
 // ---- TensorBoard ------------------------------------------------------------------------------
 
 namespace {
@@ -149,7 +174,11 @@ void put_bytes(std::string& out, uint32_t field, const std::string& bytes) {
 
 // Field numbers of tensorboard/compat/proto/event.proto and summary.proto.
 namespace event_field {
-constexpr uint32_t kWallTime = 1, kStep = 2, kFileVersion = 3, kSummary = 5;
+constexpr uint32_t kWallTime = 1, kStep = 2, kFileVersion = 3, kSummary = 5, kSessionLog = 7;
+}
+namespace session_log_field {
+constexpr uint32_t kStatus = 1;
+constexpr uint64_t kStart = 1;  // SessionLog.SessionStatus.START
 }
 namespace summary_field {
 constexpr uint32_t kValue = 1;
@@ -225,6 +254,19 @@ void TensorBoardWriter::add_scalars(int64_t step, const std::vector<std::pair<st
   write_event(event);
 }
 
+void TensorBoardWriter::start_session(int64_t step) {
+  if (!out_.is_open()) return;
+  std::string session_log;
+  put_key(session_log, session_log_field::kStatus, kVarint);
+  put_varint(session_log, session_log_field::kStart);
+  std::string event;
+  put_double(event, event_field::kWallTime, unix_time_now());
+  put_key(event, event_field::kStep, kVarint);
+  put_varint(event, static_cast<uint64_t>(step));
+  put_bytes(event, event_field::kSessionLog, session_log);
+  write_event(event);
+}
+
 void TensorBoardWriter::write(const MetricRecord& record) {
   if (!out_.is_open()) return;
   int64_t step = 0;
@@ -246,6 +288,11 @@ void TensorBoardWriter::write(const MetricRecord& record) {
 MetricsSink::MetricsSink(const std::string& run_dir, const LoggingConfig& logging) {
   if (logging.jsonl) jsonl_ = JsonlWriter(files::join(run_dir, "metrics.jsonl"));
   if (logging.tensorboard) tensorboard_ = TensorBoardWriter(run_dir);
+}
+
+void MetricsSink::start_after(int64_t step) {
+  jsonl_.truncate_after(step);
+  tensorboard_.start_session(step + 1);  // keeps the events of steps <= step
 }
 
 void MetricsSink::write(const MetricRecord& record) {

@@ -7,6 +7,7 @@
 
 #include "compat.h"
 #include "train/errors.h"
+#include "train/log.h"
 
 namespace train {
 
@@ -303,6 +304,35 @@ std::string optimizer_impl(const torch::optim::Optimizer& optimizer) {
   if (dynamic_cast<const torch::optim::SGD*>(&optimizer)) return "sgd loop";
   if (dynamic_cast<const torch::optim::AdamW*>(&optimizer)) return "adamw loop";
   return "other";
+}
+
+void place_state_like_params(torch::optim::Optimizer& optimizer) {
+  torch::NoGradGuard no_grad;
+  int64_t index = 0;
+  auto place = [&index](const torch::Tensor& state, const torch::Tensor& param) -> torch::Tensor {
+    if (!state.defined()) return state;
+    if (state.sizes() != param.sizes()) {
+      throw std::invalid_argument(log::str("optimizer state of parameter ", index, " has shape ", state.sizes(),
+                                           " but the parameter has ", param.sizes()));
+    }
+    if (state.device() == param.device() && state.strides() == param.strides()) return state;
+    return torch::empty_like(param, param.options().dtype(state.scalar_type())).copy_(state);
+  };
+  for (auto& group : optimizer.param_groups()) {
+    for (const auto& param : group.params()) {
+      const auto it = optimizer.state().find(compat::optimizer_state_key(param));
+      if (it != optimizer.state().end()) {
+        if (auto* sgd = dynamic_cast<SGDParamState*>(it->second.get())) {
+          sgd->momentum_buffer(place(sgd->momentum_buffer(), param));
+        } else if (auto* adamw = dynamic_cast<AdamWParamState*>(it->second.get())) {
+          adamw->exp_avg(place(adamw->exp_avg(), param));
+          adamw->exp_avg_sq(place(adamw->exp_avg_sq(), param));
+          adamw->max_exp_avg_sq(place(adamw->max_exp_avg_sq(), param));
+        }
+      }
+      ++index;
+    }
+  }
 }
 
 void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {

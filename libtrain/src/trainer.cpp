@@ -11,6 +11,7 @@
 
 #include "compat.h"
 #ifdef TRAIN_WITH_CUDA
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/core/Event.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -19,6 +20,7 @@
 #include "train/amp.h"
 #include "train/checkpoint.h"
 #include "train/data/loader.h"
+#include "train/data/tokens.h"
 #include "train/data/transforms.h"
 #include "train/ddp.h"
 #include "train/errors.h"
@@ -36,12 +38,47 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-// Mean cross-entropy over the batch; token tasks use -100 for positions without a target.
-torch::Tensor loss_fn(const torch::Tensor& logits, const torch::Tensor& target, double label_smoothing) {
+// The state of the generator behind dropout on a CUDA device (empty tensor on other devices), so
+// that a resumed run draws the same masks as the uninterrupted one.
+torch::Tensor device_rng_state([[maybe_unused]] const torch::Device& device) {
+#ifdef TRAIN_WITH_CUDA
+  if (device.is_cuda()) {
+    auto generator = at::cuda::detail::getDefaultCUDAGenerator(device.has_index() ? device.index() : -1);
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    return generator.get_state();
+  }
+#endif
+  return {};
+}
+
+void set_device_rng_state([[maybe_unused]] const torch::Device& device, [[maybe_unused]] const torch::Tensor& state) {
+#ifdef TRAIN_WITH_CUDA
+  if (device.is_cuda()) {
+    auto generator = at::cuda::detail::getDefaultCUDAGenerator(device.has_index() ? device.index() : -1);
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(state);
+  }
+#endif
+}
+
+// Cross-entropy over the batch, mean or sum; token tasks use -100 for positions without a target.
+torch::Tensor loss_fn(const torch::Tensor& logits, const torch::Tensor& target, double label_smoothing,
+                      bool sum = false) {
   auto options = torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100);
   if (label_smoothing > 0) options.label_smoothing(label_smoothing);
+  if (sum) options.reduction(torch::kSum);
   return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat),
                                               target.reshape({-1}), options);
+}
+
+// Multiplies every gradient by `factor` (token targets: from the fixed divisor of the loss sums
+// to the mean over the global batch's targets).
+void token_loss_rescale(torch::nn::Module& model, double factor) {
+  if (factor == 1.0) return;
+  torch::NoGradGuard no_grad;
+  for (auto& p : model.parameters()) {
+    if (p.grad().defined()) p.mutable_grad().mul_(factor);
+  }
 }
 
 // Rank r's share of a dataset for evaluation: samples r, r + W, r + 2W, ... without the padding
@@ -271,20 +308,76 @@ struct Trainer::Impl {
     const TrainState st = load_checkpoint(path, *model, optimizer.get());
     step = st.step;
     samples_seen = st.samples_seen;
-    if (auto it = st.tensors.find("rng/cpu"); it != st.tensors.end()) compat::set_cpu_rng_state(it->second);
-    if (plan.loss_scaling && st.tensors.count("scaler/scale")) scaler->load_state(st.tensors);
-    if (auto it = st.tensors.find("trainer/bad_steps"); it != st.tensors.end()) {
-      const auto rows = it->second.to(torch::kLong).contiguous().view({-1, 2});
-      for (int64_t i = 0; i < rows.size(0); ++i) {
-        bad_steps.emplace(rows[i][0].item<int64_t>(), rows[i][1].item<int64_t>());
+    warn_about_config_changes(st, path);
+    int64_t micro = plan.micro_batch, world = plan.world_size;
+    std::set<std::pair<int64_t, int64_t>> skipped;
+    try {
+      if (auto it = st.tensors.find("rng/cpu"); it != st.tensors.end()) compat::set_cpu_rng_state(it->second);
+      if (auto it = st.tensors.find("rng/cuda"); it != st.tensors.end()) set_device_rng_state(device, it->second);
+      if (plan.loss_scaling && st.tensors.count("scaler/scale")) scaler->load_state(st.tensors);
+      if (auto it = st.tensors.find("trainer/bad_steps"); it != st.tensors.end()) {
+        const auto rows = it->second.to(torch::kLong).contiguous().view({-1, 2});
+        for (int64_t i = 0; i < rows.size(0); ++i) skipped.emplace(rows[i][0].item<int64_t>(), rows[i][1].item<int64_t>());
       }
+      // Positions count micro-batches of the micro-batch in force when the checkpoint was written
+      // (older checkpoints: the plan's), in the share of the data one of `world` ranks reads.
+      if (auto it = st.tensors.find("trainer/micro_batch"); it != st.tensors.end()) micro = it->second.item<int64_t>();
+      if (auto it = st.tensors.find("trainer/world_size"); it != st.tensors.end()) world = it->second.item<int64_t>();
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      throw CheckpointError(path + ": damaged trainer state: " + what.substr(0, what.find('\n')));
     }
-    // Positions count micro-batches of the micro-batch in force when the checkpoint was written
-    // (older checkpoints: the plan's).
-    int64_t micro = plan.micro_batch;
-    if (auto it = st.tensors.find("trainer/micro_batch"); it != st.tensors.end()) micro = it->second.item<int64_t>();
-    rewind(st.epoch, st.batch_in_epoch * micro, path);
+    if (micro <= 0 || world <= 0) {
+      throw CheckpointError(log::str(path, ": damaged trainer state: micro-batch ", micro, ", world size ", world));
+    }
+    // Rank r reads samples r, r + W, r + 2W, ... of the epoch's order, so after n samples per rank
+    // the ranks together have read its first n x W: on another number of ranks the same prefix is
+    // n x W / W' samples per rank (a whole number: positions are at step boundaries, and a step
+    // is the same global batch on any number of ranks).
+    auto convert = [&](int64_t per_rank) -> int64_t {
+      const int64_t global = per_rank * world;
+      if (global % plan.world_size != 0) {
+        throw CheckpointError(log::str(path, ": its data position (", global, " samples of the epoch over ", world,
+                                       " ranks) does not divide among ", plan.world_size, " ranks"));
+      }
+      return global / plan.world_size;
+    };
+    for (const auto& [epoch, sample] : skipped) bad_steps.emplace(epoch, convert(sample));
+    const int64_t sample = convert(st.batch_in_epoch * micro);
+    if (world != plan.world_size) {
+      log::warn(log::str(path, " was written by a run on ", world, " rank(s); continuing on ", plan.world_size,
+                         " at the same place in the data (sample ", sample * plan.world_size, " of epoch ", st.epoch,
+                         "), but the result will not be bit for bit the one of an uninterrupted run"));
+    }
+    rewind(st.epoch, sample, path);
     return st;
+  }
+
+  // Settings that change the trajectory: a resumed run with other values continues, but is no
+  // longer the uninterrupted run; say so.
+  void warn_about_config_changes(const TrainState& st, const std::string& path) const {
+    if (st.config_yaml.empty()) return;
+    Config saved;
+    try {
+      saved = parse_config(st.config_yaml, path);
+    } catch (const std::exception&) {
+      return;  // written by another version of train: nothing to compare
+    }
+    std::vector<std::string> changed;
+    auto compare = [&](const std::string& key, const auto& before, const auto& now) {
+      if (before != now) changed.push_back(log::str(key, " ", before, " -> ", now));
+    };
+    compare("trainer.global_batch", saved.trainer.global_batch, config.trainer.global_batch);
+    compare("trainer.seed", saved.trainer.seed, config.trainer.seed);
+    compare("data.shuffle", saved.data.shuffle, config.data.shuffle);
+    compare("optim.name", saved.optim.name, config.optim.name);
+    compare("optim.lr", saved.optim.lr, config.optim.lr);
+    compare("schedule.name", saved.schedule.name, config.schedule.name);
+    if (changed.empty()) return;
+    std::string list;
+    for (const auto& c : changed) list += (list.empty() ? "" : ", ") + c;
+    log::warn(path + " was written with other settings (" + list +
+              "): the resumed run continues with the new ones and will differ from an uninterrupted run");
   }
 
   // on_nonfinite rollback: the batches of a step that gave a non-finite loss are passed over.
@@ -429,7 +522,9 @@ struct Trainer::Impl {
     state.samples_seen = samples_seen;
     state.config_yaml = to_yaml(config);
     state.tensors["rng/cpu"] = compat::cpu_rng_state();
+    if (auto rng = device_rng_state(device); rng.defined()) state.tensors["rng/cuda"] = rng;
     state.tensors["trainer/micro_batch"] = torch::tensor(plan.micro_batch, torch::kLong);
+    state.tensors["trainer/world_size"] = torch::tensor(plan.world_size, torch::kLong);
     if (!bad_steps.empty()) {
       std::vector<int64_t> flat;
       for (const auto& [epoch, sample] : bad_steps) flat.insert(flat.end(), {epoch, sample});
@@ -560,6 +655,11 @@ FitResult Trainer::fit(const std::string& resume) {
     result.resumed_from_step = s.step;
     log::info(log::str("resumed from ", resume_path, " at step ", s.step, " (epoch ", st.epoch, ", batch ",
                        st.batch_in_epoch, ")"));
+    if (!ckpt_dir.empty() && s.plan.rank == 0) {
+      for (const auto& moved : set_aside_checkpoints_after(ckpt_dir, s.step)) {
+        log::warn("checkpoint newer than the one resumed from, set aside: " + moved);
+      }
+    }
   } else if (!s.config.model.init_from.empty()) {
     load_model_weights(s.config.model.init_from, *s.model, s.config.model.init_strict);
     log::info("model weights initialised from " + s.config.model.init_from);
@@ -569,13 +669,18 @@ FitResult Trainer::fit(const std::string& resume) {
     log::info("distributed: gradient allreduce in " + s.sync->describe());
   }
   if (resume_path.empty()) s.loader->start({0, 0});
+  // What an earlier attempt in this run directory logged after this step is about to be logged
+  // again (or, for a fresh start, belongs to a run that never checkpointed).
+  s.metrics.start_after(s.step);
   s.model->train();
 
   const LrSchedule schedule(s.config.schedule, s.plan.lr, s.plan.total_steps, s.plan.warmup_steps);
   const int64_t log_every = std::max<int64_t>(1, s.config.logging.every_steps);
   Meter step_time, loss_meter;
-  double window_loss = 0;  // sum of the step losses (means over each step's global batch) in the window
-  int64_t window_steps = 0, window_samples = 0, window_loss_steps = 0;
+  // The window's mean training loss is window_loss / window_loss_weight: summed step means and a
+  // count of steps (classification), or summed token losses and a count of tokens (token tasks).
+  double window_loss = 0, window_loss_weight = 0;
+  int64_t window_steps = 0, window_samples = 0;
   auto window_start = Clock::now();
   double window_wait_start = s.loader_wait();
   const double wait_at_start = s.loader_wait();
@@ -604,22 +709,38 @@ FitResult Trainer::fit(const std::string& resume) {
     if (s.sync && s.has_buffers && s.config.distributed.broadcast_buffers) s.sync->broadcast_buffers();
     // The micro-batch losses stay on the device until the one read after the step (that read is
     // the step's only host sync besides the optimizer's own).
-    std::vector<torch::Tensor> micro_losses;
+    std::vector<torch::Tensor> micro_losses;  // micro-batch means, or sums for token targets
+    std::vector<torch::Tensor> micro_targets;  // token targets: positions with a target per micro-batch
     micro_losses.reserve(static_cast<size_t>(s.plan.accum_steps));
+    double divisor = 0;  // token targets: what every micro-batch's loss sum is divided by
     std::string oom;  // what ran out of memory in this step, on this rank
     try {
       for (int64_t micro = 0; micro < s.plan.accum_steps; ++micro) {
         // Only the last micro-step of an accumulation communicates (no_sync for the others).
         if (s.sync) s.sync->prepare(micro + 1 == s.plan.accum_steps);
         const data::Batch batch = s.next_batch();
+        // Token targets (MLM): micro-batches hold different numbers of targets, so the mean of
+        // their means is not the mean over the global batch, and would change with the split into
+        // micro-batches and ranks. Their sums are divided by a fixed divisor here, and the
+        // gradients rescaled to the mean over every target of the global batch after the step's
+        // count is known on all ranks (see token_loss_rescale below).
+        const bool token_targets = batch.target.dim() > 1;
         torch::Tensor loss;
         {
           AutocastScope amp(s.device.type(), s.autocast_dtype(), s.autocast());
-          loss = loss_fn(s.model->forward(batch.input), batch.target, s.config.loss.label_smoothing);
+          loss = loss_fn(s.model->forward(batch.input), batch.target, s.config.loss.label_smoothing, token_targets);
         }
-        // Every micro-batch has the same size, so the mean over the global batch is the mean
-        // of the micro-batch means. (No division by 1: an op and an autograd node per step.)
-        s.scaler->scale(s.plan.accum_steps == 1 ? loss : loss / static_cast<double>(s.plan.accum_steps)).backward();
+        if (token_targets) {
+          micro_targets.push_back(batch.target.ne(data::kIgnoreIndex).sum());
+          // Positions per micro-batch x accum_steps: the same on every rank and known without a
+          // host sync; a loss of the mean's order of magnitude for the loss scaler.
+          if (divisor == 0) divisor = static_cast<double>(batch.target.numel() * s.plan.accum_steps);
+          s.scaler->scale(loss / divisor).backward();
+        } else {
+          // Every micro-batch has the same size, so the mean over the global batch is the mean
+          // of the micro-batch means. (No division by 1: an op and an autograd node per step.)
+          s.scaler->scale(s.plan.accum_steps == 1 ? loss : loss / static_cast<double>(s.plan.accum_steps)).backward();
+        }
         micro_losses.push_back(loss.detach());
       }
       if (s.sync) s.sync->finish();  // averaged gradients, before unscaling, clipping and the step
@@ -636,9 +757,20 @@ FitResult Trainer::fit(const std::string& resume) {
     }
     // A non-finite loss is caught before the weights change. With loss scaling the scaler deals
     // with it (non-finite gradients skip the step and lower the scale).
-    // Mean of the micro-batch means = the mean over the step's batch on this rank.
-    double step_loss = 0;
-    if (micro_losses.size() == 1) {
+    // The step's loss on this rank: the mean of the micro-batch means (the mean over the step's
+    // batch), or for token targets the sum over the micro-batches over their count of targets.
+    double step_loss = 0, step_loss_sum = 0;
+    int64_t step_targets = 0;
+    const bool token_targets = !micro_targets.empty() && oom.empty();
+    if (token_targets) {
+      const auto host = torch::stack({torch::stack(micro_losses).to(torch::kDouble).sum(),
+                                      torch::stack(micro_targets).to(torch::kDouble).sum()})
+                            .cpu();
+      step_loss_sum = host[0].item<double>();
+      step_targets = static_cast<int64_t>(host[1].item<double>());
+      step_loss = step_targets > 0 ? step_loss_sum / static_cast<double>(step_targets) : 0.0;
+      if (!std::isfinite(step_loss_sum)) step_loss = step_loss_sum;
+    } else if (micro_losses.size() == 1) {
       step_loss = micro_losses[0].item<double>();
     } else if (!micro_losses.empty()) {
       step_loss = torch::stack(micro_losses).to(torch::kDouble).mean().item<double>();
@@ -647,16 +779,17 @@ FitResult Trainer::fit(const std::string& resume) {
     bool stopping = s.stop.load();
     bool any_oom = !oom.empty();
     bool any_nonfinite = nonfinite && !s.plan.loss_scaling;
+    int64_t global_targets = step_targets;
     if (s.group) {
       // All ranks take the same decision: a stop request (SIGTERM) may reach one rank only, and
-      // out-of-memory errors and non-finite losses happen on one rank first.
-      const int64_t base = s.group->size() + 1;
-      const int64_t flags = s.group->reduce_int((stopping ? 1 : 0) + (any_nonfinite ? base : 0) +
-                                                    (any_oom ? base * base : 0),
-                                                dist::ReduceOp::Sum);
-      stopping = flags % base != 0;
-      any_nonfinite = (flags / base) % base != 0;
-      any_oom = flags / (base * base) != 0;
+      // out-of-memory errors and non-finite losses happen on one rank first. The same allreduce
+      // counts the global batch's token targets.
+      const auto agreed = s.group->reduce_ints({stopping ? 1 : 0, any_nonfinite ? 1 : 0, any_oom ? 1 : 0, step_targets},
+                                               dist::ReduceOp::Sum);
+      stopping = agreed[0] != 0;
+      any_nonfinite = agreed[1] != 0;
+      any_oom = agreed[2] != 0;
+      global_targets = agreed[3];
     }
     if (any_oom) {
       s.recover_from_oom(oom, step_start);
@@ -665,6 +798,12 @@ FitResult Trainer::fit(const std::string& resume) {
     if (any_nonfinite) {
       s.handle_nonfinite(step_loss, step_start);
       continue;
+    }
+    if (token_targets && global_targets > 0) {
+      // Gradients so far: the loss sums over the divisor, averaged over the ranks. Times
+      // divisor x ranks / targets: the gradient of the mean over every target of the global batch.
+      const double ranks = s.group ? static_cast<double>(s.group->size()) : 1.0;
+      token_loss_rescale(*s.model, divisor * ranks / static_cast<double>(global_targets));
     }
     if (s.config.optim.clip_grad_norm > 0) {
       s.scaler->unscale(*s.optimizer);  // clip the true gradients, not the scaled ones
@@ -683,9 +822,12 @@ FitResult Trainer::fit(const std::string& resume) {
     s.samples_seen += s.plan.global_batch;
     if (nonfinite) {
       ++s.scaler_skipped_nonfinite;  // loss scaling: the scaler skipped this one
+    } else if (token_targets) {
+      window_loss += step_loss_sum;
+      window_loss_weight += static_cast<double>(step_targets);
     } else {
       window_loss += step_loss;
-      ++window_loss_steps;
+      window_loss_weight += 1;
     }
     ++window_steps;
     window_samples += s.plan.micro_batch * s.plan.accum_steps;
@@ -698,12 +840,13 @@ FitResult Trainer::fit(const std::string& resume) {
     if (s.step % log_every == 0 || last) {
       const double elapsed = seconds_since(window_start);
       const double waited = s.loader_wait() - window_wait_start;
-      if (s.group) {  // the loss of the global batch: the mean over ranks
-        window_loss = s.group->reduce_double(window_loss, dist::ReduceOp::Sum) / static_cast<double>(s.group->size());
+      if (s.group) {  // the loss of the global batch: over every rank's steps (or targets)
+        const auto sums = s.group->reduce_doubles({window_loss, window_loss_weight}, dist::ReduceOp::Sum);
+        window_loss = sums[0];
+        window_loss_weight = sums[1];
         window_samples *= s.group->size();
       }
-      const double mean_loss =
-          window_loss_steps > 0 ? window_loss / static_cast<double>(window_loss_steps) : 0.0;
+      const double mean_loss = window_loss_weight > 0 ? window_loss / window_loss_weight : 0.0;
       if (!std::isfinite(mean_loss)) {
         throw Error(log::str("loss is ", mean_loss, " at step ", s.step,
                              "; lower optim.lr or enable optim.clip_grad_norm"));
@@ -723,23 +866,28 @@ FitResult Trainer::fit(const std::string& resume) {
       if (s.plan.loss_scaling) r.add("loss_scale", s.scaler->get_scale());
       s.metrics.write(r);
       window_loss = 0;
+      window_loss_weight = 0;
       s.adapt_workers(elapsed, waited, window_steps);
       window_steps = 0;
-      window_loss_steps = 0;
       window_samples = 0;
       window_start = Clock::now();
       window_wait_start = s.loader_wait();
       step_time.reset();
     }
 
-    const int64_t eval_every = s.config.trainer.eval_every_steps;
-    if ((eval_every > 0 && s.step % eval_every == 0) || (eval_every == 0 && epoch_end) || last) {
-      result.val = evaluate_and_log();
-      evaluated_at_end = last;
-    }
     // A single process also notices a stop request that came during this step; ranks stop after
     // the step in which they agreed to.
     if (!s.group) stopping = stopping || s.stop.load();
+    const int64_t eval_every = s.config.trainer.eval_every_steps;
+    if ((eval_every > 0 && s.step % eval_every == 0) || (eval_every == 0 && epoch_end) || last) {
+      if (stopping && !last) {
+        // The checkpoint comes first: an evaluation could outlast trainer.stop_grace_s.
+        log::warn(log::str("stop requested: the evaluation due at step ", s.step, " is skipped"));
+      } else {
+        result.val = evaluate_and_log();
+        evaluated_at_end = last;
+      }
+    }
     const int64_t every = s.config.checkpoint.every_steps;
     if (!ckpt_dir.empty() && ((every > 0 && s.step % every == 0) || last || stopping)) {
       result.last_checkpoint = checkpoint_path(ckpt_dir, s.step);

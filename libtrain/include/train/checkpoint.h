@@ -50,5 +50,10 @@ std::string checkpoint_path(const std::string& dir, int64_t step);
 std::string latest_checkpoint(const std::string& dir);
 // Deletes periodic checkpoints beyond the newest `keep` (never `protect`).
 void prune_checkpoints(const std::string& dir, int64_t keep, const std::string& protect);
+// Moves the checkpoints of dir newer than `step` (with their checksums) into dir/abandoned/ and
+// returns their new paths. A run resumed from an older checkpoint leaves the newer ones' future
+// behind: kept in place, --resume auto and rollbacks would jump back to them, and pruning would
+// delete the resumed run's own files first.
+std::vector<std::string> set_aside_checkpoints_after(const std::string& dir, int64_t step);
 
 }  // namespace train

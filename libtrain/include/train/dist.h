@@ -34,6 +34,7 @@ struct Env {
   int64_t master_port = 29500;
   std::string launcher = "none";  // none | torchrun | env | slurm | mpirun | train launch
   bool agent_store = false;       // torchrun's agent already serves the store: every rank is a client
+  int64_t restart = 0;            // torchrun's TORCHELASTIC_RESTART_COUNT: keys of earlier attempts are not read
 
   bool distributed() const { return world_size > 1; }
   std::string describe() const;
@@ -73,6 +74,9 @@ class Group {
   // Scalar conveniences (a one-element allreduce on the group's device).
   int64_t reduce_int(int64_t value, ReduceOp op);
   double reduce_double(double value, ReduceOp op);
+  // Several values in one allreduce, element by element.
+  std::vector<int64_t> reduce_ints(const std::vector<int64_t>& values, ReduceOp op);
+  std::vector<double> reduce_doubles(const std::vector<double>& values, ReduceOp op);
 
   // Failure reports through the rendezvous store, so that when one rank stops on bad input (a
   // corrupt file in its shard) the others, which only see a collective fail, can name the cause.

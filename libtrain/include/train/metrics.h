@@ -35,6 +35,9 @@ class JsonlWriter {
   explicit JsonlWriter(const std::string& path);
   bool is_open() const { return out_.is_open(); }
   void write(const MetricRecord& record);
+  // Drops the rows after `step` (and a last line a kill cut short): a run resumed from the
+  // checkpoint at `step` logs those steps again. The file is replaced atomically.
+  void truncate_after(int64_t step);
 
  private:
   std::ofstream out_;
@@ -58,6 +61,10 @@ class TensorBoardWriter {
   // A metrics record: every numeric field except `step` becomes the scalar "<split>/<field>"
   // (just "<field>" without a split), at the record's `step`.
   void write(const MetricRecord& record);
+  // Event {step, session_log = 7 {status = 1 (START)}}: TensorBoard then discards the events of
+  // earlier files in the directory at `step` and later (what PyTorch's SummaryWriter(purge_step)
+  // writes), so a resumed run's repeated steps are not drawn twice.
+  void start_session(int64_t step);
 
  private:
   void write_event(const std::string& event);
@@ -79,6 +86,8 @@ class MetricsSink {
   MetricsSink() = default;
   MetricsSink(const std::string& run_dir, const LoggingConfig& logging);
   void write(const MetricRecord& record);
+  // Training (re)starts after `step`: what earlier attempts logged after it is dropped.
+  void start_after(int64_t step);
 
  private:
   JsonlWriter jsonl_;

@@ -27,6 +27,13 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimConfig& confi
 // "other" for an optimizer make_optimizer did not make.
 std::string optimizer_impl(const torch::optim::Optimizer& optimizer);
 
+// Gives every state tensor of an SGD or AdamW optimizer (momentum, Adam moments) the device,
+// dtype-preserving layout and strides of its parameter. A loaded checkpoint's state arrives on the
+// CPU in contiguous layout; a CUDA or channels_last model needs it like its parameters before the
+// first step (the foreach and fused kernels take one device and one layout per list). Throws
+// std::invalid_argument naming the parameter index when a state's shape is not its parameter's.
+void place_state_like_params(torch::optim::Optimizer& optimizer);
+
 void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);
 
 // Linear warmup from 0 to the peak, then constant, cosine (to min_lr_ratio x peak) or step
