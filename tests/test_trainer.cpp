@@ -516,6 +516,65 @@ TEST_CASE("cuda: copying batches one ahead on a side stream trains exactly like 
 
 namespace {
 
+class DropoutMlp : public models::Model {
+ public:
+  explicit DropoutMlp(const ModelConfig& c) {
+    fc1 = register_module("fc1", torch::nn::Linear(c.in_channels * 8 * 8, 64));
+    drop = register_module("drop", torch::nn::Dropout(0.3));
+    fc2 = register_module("fc2", torch::nn::Linear(64, c.num_classes));
+  }
+  torch::Tensor forward(const torch::Tensor& x) override {
+    return fc2->forward(drop->forward(torch::relu(fc1->forward(x.flatten(1)))));
+  }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  torch::nn::Dropout drop{nullptr};
+};
+
+}  // namespace
+
+TEST_CASE("cuda: a run resumed on the GPU ends where the uninterrupted one does (optimizer state, dropout)",
+          "[cuda][resume]") {
+  if (!torch::cuda::is_available()) {
+    WARN("no CUDA device visible: resuming on a GPU is checked by scripts/gpu-check on a GPU machine");
+    return;
+  }
+  models::register_model("dropout_mlp", [](const ModelConfig& c) { return std::make_shared<DropoutMlp>(c); },
+                         "MLP with dropout for tests");
+  const std::string dir = files::make_temp_directory("train_cuda_resume_");
+  const Config c = parse_config(
+      "model: {name: dropout_mlp, in_channels: 1, num_classes: 10}\n"
+      "data: {kind: synthetic, channels: 1, image_size: 8, synthetic_train_samples: 512, workers: 1}\n"
+      "optim: {name: adamw, lr: 0.003, weight_decay: 0.01}\n"
+      "trainer: {global_batch: 32, max_steps: 24, device: cuda}\n"
+      "tuning: {micro_batch: 16}\n"
+      "precision: {mode: fp32}\n"
+      "checkpoint: {every_steps: 8, keep_last: 5}\n",
+      "cuda_resume.yaml");
+  auto weights = [](Trainer& t) {
+    std::vector<torch::Tensor> out;
+    for (const auto& p : t.model().parameters()) out.push_back(p.detach().cpu());
+    return out;
+  };
+  RunParts full = prepare_run(c);
+  apply_plan_globals(full.plan);
+  Trainer a(c, full.plan, full.model, full.train, nullptr, files::join(dir, "whole"));
+  a.fit();
+  const std::string mid = checkpoint_path(files::join(dir, "whole/checkpoints"), 8);
+  // A fresh process would start with other generator states: the checkpoint's must win.
+  torch::manual_seed(4321);
+  RunParts again = prepare_run(c);
+  Trainer b(c, full.plan, again.model, again.train, nullptr, files::join(dir, "resumed"));
+  CHECK(b.fit(mid).resumed_from_step == 8);
+  const auto wa = weights(a), wb = weights(b);
+  for (size_t i = 0; i < wa.size(); ++i) {
+    INFO("parameter " << i << ", largest difference " << (wa[i] - wb[i]).abs().max().item<double>());
+    CHECK(torch::allclose(wa[i], wb[i], 1e-5, 1e-6));
+  }
+  files::remove_all(dir);
+}
+
+namespace {
+
 // The same samples, each taking `delay` to load: a loader with one worker starves the step.
 class SlowDataset : public data::Dataset {
  public:
