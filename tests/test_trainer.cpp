@@ -12,8 +12,10 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cmath>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <sstream>
 #include <thread>
 #include <unistd.h>
@@ -473,6 +475,52 @@ TEST_CASE("fit: dynamic loss scaling changes nothing but the scale, and resumes 
   CHECK(st.tensors.at("scaler/scale").item<double>() == 65536.0);  // 6 clean steps < growth interval
   CHECK(st.tensors.at("scaler/growth_tracker").item<int64_t>() == 6);
   files::remove_all(dir);
+}
+
+namespace {
+
+// TinyMlp whose forward gives NaN in the forward calls [from, to).
+class NanMlp : public TinyMlp {
+ public:
+  NanMlp(const ModelConfig& c, int64_t from, int64_t to) : TinyMlp(c), from_(from), to_(to) {}
+  torch::Tensor forward(const torch::Tensor& x) override {
+    const int64_t call = calls_++;
+    const torch::Tensor y = TinyMlp::forward(x);
+    return call >= from_ && call < to_ ? y * std::numeric_limits<float>::quiet_NaN() : y;
+  }
+
+ private:
+  int64_t from_, to_, calls_ = 0;
+};
+
+}  // namespace
+
+TEST_CASE("fit: with loss scaling, an isolated non-finite loss is skipped, a run of them stops the run",
+          "[trainer][amp]") {
+  register_tiny_mlp();
+  Config c = synthetic_config();
+  c.trainer.max_steps = 20;
+  c.precision.mode = "bf16";
+  c.precision.loss_scaling = "dynamic";
+  RunParts run = prepare_run(c);
+  REQUIRE(run.plan.loss_scaling);
+  {
+    auto model = std::make_shared<NanMlp>(c.model, 3, 4);  // one bad step: the scaler skips it
+    Trainer t(c, run.plan, model, run.train, nullptr, "");
+    const FitResult r = t.fit();
+    CHECK(r.steps == 20);
+    CHECK(std::isfinite(r.train_loss));
+  }
+  {
+    auto model = std::make_shared<NanMlp>(c.model, 3, 1000);  // diverged for good
+    Trainer t(c, run.plan, model, run.train, nullptr, "");
+    try {
+      t.fit();
+      FAIL("a model whose loss stays NaN trained to the end");
+    } catch (const Error& e) {
+      CHECK_THAT(e.what(), Catch::Contains("nan at step 13") && Catch::Contains("The weights are still those after step 12"));
+    }
+  }
 }
 
 TEST_CASE("cuda: copying batches one ahead on a side stream trains exactly like synchronous copies", "[cuda]") {

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <iomanip>
+#include <limits>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -70,6 +71,9 @@ torch::Tensor loss_fn(const torch::Tensor& logits, const torch::Tensor& target, 
   return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat),
                                               target.reshape({-1}), options);
 }
+
+// Loss scaling: this many consecutive non-finite losses are divergence, not overflow.
+constexpr int64_t kNonfiniteLossStreak = 10;
 
 // Multiplies every gradient by `factor` (token targets: from the fixed divisor of the loss sums
 // to the mean over the global batch's targets).
@@ -202,6 +206,7 @@ struct Trainer::Impl {
   int64_t rollbacks = 0;
   int64_t oom_recoveries = 0;
   int64_t scaler_skipped_nonfinite = 0;  // loss scaling: steps with a non-finite loss, skipped by the scaler
+  int64_t nonfinite_loss_streak = 0;     // loss scaling: consecutive steps whose loss was non-finite
   double retired_wait = 0;     // wait_seconds() of loaders replaced after an out-of-memory error
   int64_t retired_skipped = 0;
   // plan.workers_adaptive: the data wait measured since the loader last (re)started.
@@ -778,7 +783,7 @@ FitResult Trainer::fit(const std::string& resume) {
     const bool nonfinite = oom.empty() && !std::isfinite(step_loss);
     bool stopping = s.stop.load();
     bool any_oom = !oom.empty();
-    bool any_nonfinite = nonfinite && !s.plan.loss_scaling;
+    bool any_nonfinite = nonfinite;
     int64_t global_targets = step_targets;
     if (s.group) {
       // All ranks take the same decision: a stop request (SIGTERM) may reach one rank only, and
@@ -790,6 +795,21 @@ FitResult Trainer::fit(const std::string& resume) {
       any_nonfinite = agreed[1] != 0;
       any_oom = agreed[2] != 0;
       global_targets = agreed[3];
+    }
+    if (s.plan.loss_scaling && !any_oom) {
+      // The scaler skips a step whose gradients overflowed and lowers the scale: the cure for an
+      // fp16 gradient overflow. A non-finite *loss* comes from the forward pass, which the scale
+      // does not touch; an isolated one is skipped like an overflow, but a run of them is a
+      // diverged model that skipping would hide (no updates, a shrinking scale, nothing logged).
+      s.nonfinite_loss_streak = any_nonfinite ? s.nonfinite_loss_streak + 1 : 0;
+      if (any_nonfinite && s.nonfinite_loss_streak < kNonfiniteLossStreak) {
+        any_nonfinite = false;
+      } else if (any_nonfinite) {
+        log::warn(log::str("loss scaling: the loss itself was non-finite in ", s.nonfinite_loss_streak,
+                           " consecutive steps; the scaler cannot fix an overflow in the forward pass, so this is "
+                           "handled as divergence (trainer.on_nonfinite: ", s.config.trainer.on_nonfinite, ")"));
+        s.nonfinite_loss_streak = 0;
+      }
     }
     if (any_oom) {
       s.recover_from_oom(oom, step_start);
@@ -846,8 +866,10 @@ FitResult Trainer::fit(const std::string& resume) {
         window_loss_weight = sums[1];
         window_samples *= s.group->size();
       }
-      const double mean_loss = window_loss_weight > 0 ? window_loss / window_loss_weight : 0.0;
-      if (!std::isfinite(mean_loss)) {
+      // No finite loss in the window (loss scaling skipped every step): no number to show.
+      const double mean_loss = window_loss_weight > 0 ? window_loss / window_loss_weight
+                                                      : std::numeric_limits<double>::quiet_NaN();
+      if (window_loss_weight > 0 && !std::isfinite(mean_loss)) {
         throw Error(log::str("loss is ", mean_loss, " at step ", s.step,
                              "; lower optim.lr or enable optim.clip_grad_norm"));
       }
