@@ -19,6 +19,7 @@
 
 #ifdef TRAIN_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <cuda_runtime_api.h>
 #endif
 
@@ -448,6 +449,16 @@ DeviceProfile named_device(const std::string& key) {
   const std::string suggestion = detail::closest_match(wanted, keys);
   throw ConfigError("unknown device '" + key + "'; " +
                     (suggestion.empty() ? "" : "did you mean '" + suggestion + "'? ") + "known: " + join(keys));
+}
+
+void reset_peak_memory(const std::string& device) {
+#ifdef TRAIN_WITH_CUDA
+  if (device.rfind("cuda", 0) == 0) {
+    const torch::Device d(device);
+    c10::cuda::CUDACachingAllocator::resetPeakStats(d.has_index() ? d.index() : static_cast<c10::DeviceIndex>(0));
+  }
+#endif
+  (void)device;
 }
 
 double peak_memory_mib(const std::string& device) {

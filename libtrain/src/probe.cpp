@@ -263,7 +263,8 @@ class ProbeSession {
     optimizer_->zero_grad();
     torch::Tensor loss;
     {
-      AutocastScope amp(device_.type(), torch::kBFloat16, options_.bf16);
+      AutocastScope amp(device_.type(), options_.fp16 ? torch::kHalf : torch::kBFloat16,
+                        options_.bf16 || options_.fp16);
       const torch::Tensor logits = model_.forward(input_);
       const torch::Tensor target =
           torch::randint(options_.num_classes, logits.sizes().slice(0, logits.dim() - 1),

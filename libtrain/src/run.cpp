@@ -133,6 +133,7 @@ MemoryEvidence gather_evidence(const Config& config, const DeviceProfile& device
   const bool probe_here = !device.named;  // a named device is planned from a probe on this machine
   options.device = probe_here ? device.device_string() : "cpu";
   options.bf16 = probe_here && draft.precision == "bf16";
+  options.fp16 = probe_here && draft.precision == "fp16";  // measured in the precision the run trains in
   options.channels_last = probe_here && draft.channels_last;
   const std::vector<int64_t> batches = device.is_cuda() && probe_here ? std::vector<int64_t>{8, 16, 32}
                                                                        : std::vector<int64_t>{2, 4};
@@ -152,7 +153,7 @@ MemoryEvidence gather_evidence(const Config& config, const DeviceProfile& device
   evidence.per_sample_bytes = fit.per_sample_bytes;
   const int64_t free_bytes = device.named ? device.total_memory : device.free_memory;
   evidence.budget_bytes = static_cast<int64_t>(static_cast<double>(free_bytes) * config.tuning.memory_fraction);
-  evidence.source = "probe on " + options.device + (options.bf16 ? " (bf16)" : "") + " at " + batch_list +
+  evidence.source = "probe on " + options.device + (options.bf16 ? " (bf16)" : options.fp16 ? " (fp16)" : "") + " at " + batch_list +
                     (measurement_cached ? " (measured earlier, from the plan cache)" : "");
   if (device.named) {
     // Activations dominate the per-sample cost and halve in bf16/fp16; weights, gradients and

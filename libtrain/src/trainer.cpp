@@ -677,6 +677,7 @@ FitResult Trainer::fit(const std::string& resume) {
   // What an earlier attempt in this run directory logged after this step is about to be logged
   // again (or, for a fresh start, belongs to a run that never checkpointed).
   s.metrics.start_after(s.step);
+  reset_peak_memory(s.device.str());  // the plan's probe is not this run's peak
   s.model->train();
 
   const LrSchedule schedule(s.config.schedule, s.plan.lr, s.plan.total_steps, s.plan.warmup_steps);

@@ -90,5 +90,8 @@ int available_cores();
 // handed out at once (since the last peak-statistics reset); on "cpu" the process's peak
 // resident set size.
 double peak_memory_mib(const std::string& device);
+// Starts the CUDA peak anew (so that a run's metrics do not report the memory probe's largest
+// trial); the CPU's peak resident set cannot be reset and is left as it is.
+void reset_peak_memory(const std::string& device);
 
 }  // namespace train

@@ -24,6 +24,7 @@ struct ProbeOptions {
   int64_t num_classes = 10;          // random targets are drawn in [0, num_classes)
   std::string device = "cpu";        // "cpu", "cuda" or "cuda:N"
   bool bf16 = false;                 // autocast to bf16
+  bool fp16 = false;                 // autocast to fp16 (a CUDA plan for compute capability 7.x)
   bool channels_last = false;        // channels_last parameters and 4-D inputs
   OptimConfig optim;                 // the optimizer (and gradient clipping) of the run
   int warmup_steps = 1;              // steps before measuring at each batch size

@@ -134,13 +134,12 @@ Batch normalize_on_device(const Batch& batch, const std::vector<double>& mean,
     scale[c] = 1.0 / (range * stddev[c]);
     shift[c] = mean[c] / stddev[c];
   }
-  const auto options = torch::TensorOptions().dtype(dtype);
-  const auto shape = std::vector<int64_t>{1, static_cast<int64_t>(channels), 1, 1};
-  const torch::Tensor scale_t = torch::tensor(scale, options).view(shape).to(input.device());
-  const torch::Tensor shift_t = torch::tensor(shift, options).view(shape).to(input.device());
-  // Keeps the input's memory format (channels_last stays channels_last).
+  // Keeps the input's memory format (channels_last stays channels_last). Scalars per channel, not
+  // small tensors copied from the host: a pageable copy to the GPU would wait for the stream.
   torch::Tensor output = input.to(dtype, /*non_blocking=*/false, /*copy=*/true);
-  output.mul_(scale_t).sub_(shift_t);
+  for (size_t c = 0; c < channels; ++c) {
+    output.select(1, static_cast<int64_t>(c)).mul_(scale[c]).sub_(shift[c]);
+  }
   return Batch{std::move(output), batch.target};
 }
 
