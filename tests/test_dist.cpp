@@ -133,8 +133,10 @@ struct Proc {
   std::string log;  // stdout + stderr
 };
 
+// With new_group, the process leads a new process group (as a shell starts a job), so that a test
+// can signal the whole group as a terminal's Ctrl-C does without signalling the test runner.
 Proc spawn(const std::vector<std::string>& args, const std::map<std::string, std::string>& env,
-           const std::string& log) {
+           const std::string& log, bool new_group = false) {
   std::vector<std::string> env_strings;
   for (char** e = environ; *e; ++e) {
     const std::string kv = *e;
@@ -152,9 +154,16 @@ Proc spawn(const std::vector<std::string>& args, const std::map<std::string, std
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  if (new_group) {
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+    posix_spawnattr_setpgroup(&attr, 0);
+  }
   Proc p;
   p.log = log;
-  const int rc = posix_spawnp(&p.pid, a[0].c_str(), &actions, nullptr, argv.data(), envp.data());
+  const int rc = posix_spawnp(&p.pid, a[0].c_str(), &actions, &attr, argv.data(), envp.data());
+  posix_spawnattr_destroy(&attr);
   posix_spawn_file_actions_destroy(&actions);
   REQUIRE(rc == 0);
   return p;
@@ -195,6 +204,21 @@ std::vector<pid_t> train_children(pid_t parent) {
     if (n > 0 && files::filename(std::string(exe, static_cast<size_t>(n))) == "train") children.push_back(c);
   }
   return children;
+}
+
+// The launcher's children (its ranks), from /proc.
+std::vector<pid_t> children_of(pid_t pid) {
+  std::istringstream pids(slurp("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children"));
+  std::vector<pid_t> out;
+  for (pid_t c; pids >> c;) out.push_back(c);
+  return out;
+}
+
+// False once `pid` has exited (gone, or a zombie nobody reaped yet).
+bool running(pid_t pid) {
+  const std::string stat = slurp("/proc/" + std::to_string(pid) + "/stat");
+  const size_t paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] != 'Z';
 }
 
 std::string self_exe() {
@@ -581,6 +605,95 @@ TEST_CASE("SIGTERM to train launch: every rank stops after the same step, and --
   const auto a = weights(checkpoint_path(files::join(whole, "checkpoints"), 300));
   const auto b = weights(checkpoint_path(files::join(stopped, "checkpoints"), 300));
   CHECK(bitwise_equal(a, b));
+  files::remove_all(dir);
+}
+
+TEST_CASE("Ctrl-C to train launch's process group: each rank gets it once, checkpoints, and the launch exits 3",
+          "[dist][process][resume][signals]") {
+  const std::string dir = files::make_temp_directory("train_launch_ctrl_c_");
+  const std::string config = files::join(dir, "stop.yaml");
+  std::ofstream(config) << "model: {name: resnet18, in_channels: 1, num_classes: 10, width: 0.125, small_input: true}\n"
+                           "data: {kind: synthetic, channels: 1, image_size: 12, synthetic_train_samples: 512,"
+                           " synthetic_val_samples: 40, workers: 1}\n"
+                           "optim: {name: sgd, lr: 0.05, momentum: 0.9}\n"
+                           "trainer: {global_batch: 16, max_steps: 40, device: cpu, eval_every_steps: 1000}\n"
+                           "checkpoint: {every_steps: 1000}\n"
+                           "logging: {every_steps: 1}\n";
+  const std::string run_dir = files::join(dir, "run"), ckpts = files::join(run_dir, "checkpoints");
+  // The launcher as a shell starts a job: leading a process group of its own, which the terminal
+  // signals as a whole on Ctrl-C.
+  auto p = spawn({kTrain, "launch", "--nproc", "2", config, "--run-dir", run_dir}, {}, files::join(dir, "ctrl_c.log"),
+                 /*new_group=*/true);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (slurp(files::join(run_dir, "metrics.jsonl")).find("\"step\":3,") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const std::vector<pid_t> ranks = children_of(p.pid);
+  REQUIRE(ranks.size() == 2);
+  for (const pid_t r : ranks) CHECK(::getpgid(r) == r);  // each rank leads its own group, not the launcher's
+  ::kill(-p.pid, SIGINT);
+  const int rc = wait_for(p, 120);
+  const std::string out = slurp(p.log);
+  INFO(out);
+  REQUIRE(rc == 3);
+  CHECK_THAT(out, Catch::Contains("Interrupt; forwarding it to every rank"));
+  CHECK_THAT(out, Catch::Contains("stop requested: stopped after step"));
+  // Each rank got the signal once (from the launcher), and exit 3 is no failure to the launcher.
+  CHECK_THAT(out, !Catch::Contains("already stopping") && !Catch::Contains("without a checkpoint"));
+  CHECK_THAT(out, !Catch::Contains("stopping the other ranks"));
+  CHECK_THAT(out, Catch::Contains("rank 0 (pid") && Catch::Contains("rank 1 (pid") &&
+                      Catch::Contains("stopped after a checkpoint (exit 3)") &&
+                      Catch::Contains("launch: the ranks stopped after a checkpoint; resume with --resume auto"));
+  const std::string mid = latest_checkpoint(ckpts);
+  REQUIRE_FALSE(mid.empty());
+  REQUIRE(mid != checkpoint_path(ckpts, 40));
+
+  p = spawn({kTrain, "launch", "--nproc", "2", config, "--run-dir", run_dir, "--resume", "auto"}, {},
+            files::join(dir, "resumed.log"));
+  const int resumed = wait_for(p, 300);
+  INFO(slurp(p.log));
+  REQUIRE(resumed == 0);
+  CHECK_THAT(slurp(files::join(run_dir, "train.log")), Catch::Contains("resumed from " + mid));
+  CHECK(files::exists(checkpoint_path(ckpts, 40)));
+  files::remove_all(dir);
+}
+
+TEST_CASE("a train launch killed with SIGKILL takes its ranks with it: they get SIGTERM and checkpoint",
+          "[dist][process][signals]") {
+  const std::string dir = files::make_temp_directory("train_launch_orphans_");
+  const std::string config = files::join(dir, "l.yaml");
+  std::ofstream(config) << "model: {name: resnet18, in_channels: 1, num_classes: 10, width: 0.125, small_input: true}\n"
+                           "data: {kind: synthetic, channels: 1, image_size: 12, synthetic_train_samples: 512,"
+                           " synthetic_val_samples: 40, workers: 1}\n"
+                           "trainer: {global_batch: 16, max_steps: 100000, device: cpu, eval_every_steps: 100000}\n"
+                           "checkpoint: {every_steps: 100000}\n"
+                           "logging: {every_steps: 1}\n";
+  const std::string run_dir = files::join(dir, "run");
+  auto p = spawn({kTrain, "launch", "--nproc", "2", config, "--run-dir", run_dir}, {}, files::join(dir, "out.log"),
+                 /*new_group=*/true);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (slurp(files::join(run_dir, "metrics.jsonl")).find("\"step\":2,") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const std::vector<pid_t> ranks = children_of(p.pid);
+  REQUIRE(ranks.size() == 2);
+  kill_and_reap(p);
+  const auto gone_by = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  bool any_running = true;
+  while (any_running && std::chrono::steady_clock::now() < gone_by) {
+    any_running = false;
+    for (const pid_t r : ranks) any_running = any_running || running(r);
+    if (any_running) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (const pid_t r : ranks) {
+    if (running(r)) ::kill(r, SIGKILL);  // leave nothing behind when this fails
+  }
+  INFO(slurp(p.log));
+  CHECK_FALSE(any_running);
+  CHECK_THAT(slurp(files::join(run_dir, "train.log")), Catch::Contains("stop requested: stopped after step"));
+  CHECK_FALSE(latest_checkpoint(files::join(run_dir, "checkpoints")).empty());
   files::remove_all(dir);
 }
 

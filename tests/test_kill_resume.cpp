@@ -1,5 +1,9 @@
 // A run killed with SIGKILL mid-training and resumed with --resume auto ends with exactly the
 // weights of an uninterrupted run: the `train` binary in real processes, no in-process shortcuts.
+// Stop signals (SIGTERM, SIGINT, SIGUSR1; a duplicate; a second one later; a stop that overruns
+// trainer.stop_grace_s) and the temporary files of killed checkpoint writes. The stop tests that
+// need a step of a known length run this binary as `train` (TRAIN_TEST_WORKER=cli, see main.cpp)
+// with a model whose forward sleeps.
 #include "testing.h"
 
 #include <fcntl.h>
@@ -9,12 +13,16 @@
 #include <unistd.h>
 
 #include <train/checkpoint.h>
+#include <train/cli.h>
 #include <train/config.h>
 #include <train/files.h>
+#include <train/models/model.h>
 #include <train/run.h>
 
 #include <chrono>
 #include <fstream>
+#include <map>
+#include <sstream>
 #include <thread>
 
 extern char** environ;
@@ -41,6 +49,104 @@ pid_t spawn(std::vector<std::string> args) {
   return pid;
 }
 
+// Runs `program args...` with `env` added to this process's environment, stdout and stderr to `log`.
+pid_t spawn_logged(const std::string& program, std::vector<std::string> args, const std::string& log,
+                   const std::map<std::string, std::string>& env = {}) {
+  args.insert(args.begin(), program);
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e; ++e) {
+    const std::string kv = *e;
+    if (!env.count(kv.substr(0, kv.find('=')))) env_strings.push_back(kv);
+  }
+  for (const auto& [k, v] : env) env_strings.push_back(k + "=" + v);
+  std::vector<char*> argv, envp;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  for (auto& e : env_strings) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, program.c_str(), &actions, nullptr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  REQUIRE(rc == 0);
+  return pid;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Waits (polling every 2 ms) until `path` contains `text`; false after `seconds`.
+bool wait_for_text(const std::string& path, const std::string& text, double seconds) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  while (slurp(path).find(text) == std::string::npos) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
+}
+
+// Waits until `sig`, sent to the process `pid`, is no longer pending there (a thread took it, and its
+// handler ran or runs with the signal blocked), so that the next one is a separate delivery rather
+// than merged with it.
+void wait_delivered(pid_t pid, int sig) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  for (;;) {
+    std::istringstream status(slurp("/proc/" + std::to_string(pid) + "/status"));
+    unsigned long long pending = 0;
+    bool exited = false;
+    for (std::string line; std::getline(status, line);) {
+      if (line.rfind("ShdPnd:", 0) == 0) pending = std::stoull(line.substr(7), nullptr, 16);
+      if (line.rfind("State:", 0) == 0) exited = line.find('Z') != std::string::npos;
+    }
+    if (exited || (pending & (1ULL << (sig - 1))) == 0) return;
+    if (std::chrono::steady_clock::now() > deadline) break;
+    std::this_thread::yield();
+  }
+  FAIL("signal " << sig << " still pending in process " << pid << " after 5 s");
+}
+
+std::string self_exe() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  REQUIRE(n > 0);
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+// A linear model whose training forward sleeps TRAIN_TEST_FORWARD_SLEEP_MS: with micro-batch 1 and
+// accumulation A, a step takes A times that, whatever the machine.
+class SleepyLinear : public models::Model {
+ public:
+  SleepyLinear(int64_t in, int64_t classes) : fc_(register_module("fc", torch::nn::Linear(in, classes))) {
+    if (const char* ms = std::getenv("TRAIN_TEST_FORWARD_SLEEP_MS")) sleep_ms_ = std::atoi(ms);
+  }
+  torch::Tensor forward(const torch::Tensor& x) override {
+    if (is_training()) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms_));
+    return fc_(x.flatten(1));
+  }
+
+ private:
+  torch::nn::Linear fc_;
+  int sleep_ms_ = 0;
+};
+
+// 8 forwards of 250 ms in each step: 2 s per step.
+const char* kSleepyConfig = "model: {name: test_sleepy, in_channels: 1, num_classes: 10}\n"
+                            "data: {kind: synthetic, channels: 1, image_size: 8, synthetic_train_samples: 256,"
+                            " synthetic_val_samples: 8, workers: 1}\n"
+                            "trainer: {global_batch: 8, max_steps: 20, device: cpu, threads: 1,"
+                            " eval_every_steps: 1000}\n"
+                            "tuning: {micro_batch: 1}\n"
+                            "logging: {every_steps: 1}\n";
+const std::map<std::string, std::string> kSleepyEnv{{"TRAIN_TEST_WORKER", "cli"},
+                                                     {"TRAIN_TEST_FORWARD_SLEEP_MS", "250"}};
+
 int wait_exit(pid_t pid) {
   int status = 0;
   REQUIRE(waitpid(pid, &status, 0) == pid);
@@ -57,6 +163,14 @@ std::vector<torch::Tensor> weights(const std::string& checkpoint, const Config& 
 }
 
 }  // namespace
+
+// TRAIN_TEST_WORKER=cli: this binary is `train`, with the test model above registered.
+int cli_test_worker(int argc, char** argv) {
+  models::register_model("test_sleepy", [](const ModelConfig& c) {
+    return std::make_shared<SleepyLinear>(c.in_channels * 8 * 8, c.num_classes);
+  }, "test: a linear model whose forward sleeps");
+  return run_cli(argc, argv);
+}
 
 TEST_CASE("kill -9 mid-run, then --resume auto, equals the uninterrupted run", "[resume][process]") {
   const std::string dir = files::make_temp_directory("train_kill_");
@@ -146,5 +260,138 @@ TEST_CASE("a corrupt newest checkpoint is detected by its checksum and skipped b
   const auto b = weights(checkpoint_path(ckpts, 400), config);
   REQUIRE(a.size() == b.size());
   for (size_t i = 0; i < a.size(); ++i) CHECK(torch::equal(a[i], b[i]));
+  files::remove_all(dir);
+}
+
+namespace {
+
+// A run that stops at a signal: "stop requested: stopped after step N" in its log, and that step's
+// checkpoint. Returns N (-1 if the log does not say).
+int64_t stopped_after_step(const std::string& log) {
+  const std::string marker = "stop requested: stopped after step ";
+  const size_t at = log.find(marker);
+  return at == std::string::npos ? -1 : std::stoll(log.substr(at + marker.size()));
+}
+
+const char* kStopConfig = "model: {name: resnet18, in_channels: 1, num_classes: 10, width: 0.125, small_input: true}\n"
+                          "data: {kind: synthetic, channels: 1, image_size: 12, synthetic_train_samples: 1024,"
+                          " synthetic_val_samples: 16, workers: 1}\n"
+                          "optim: {name: sgd, lr: 0.05, momentum: 0.9}\n"
+                          "trainer: {global_batch: 16, max_steps: 60, device: cpu, threads: 1, eval_every_steps: 1000}\n"
+                          "checkpoint: {every_steps: 1000}\n"
+                          "logging: {every_steps: 1}\n";
+
+}  // namespace
+
+TEST_CASE("a stop signal delivered twice within milliseconds is one graceful stop; SIGUSR1 stops like SIGTERM",
+          "[resume][process][signals]") {
+  const std::string dir = files::make_temp_directory("train_signals_");
+  const std::string config_path = files::join(dir, "run.yaml");
+  std::ofstream(config_path) << kStopConfig;
+  struct Case {
+    const char* name;
+    std::vector<int> signals;
+  };
+  for (const Case& c : {Case{"twice", {SIGTERM, SIGTERM}}, Case{"usr1", {SIGUSR1}}}) {
+    DYNAMIC_SECTION(c.name) {
+      const std::string run_dir = files::join(dir, c.name), log = files::join(dir, std::string(c.name) + ".log");
+      const pid_t pid = spawn_logged(kTrain, {"fit", config_path, "--run-dir", run_dir}, log);
+      REQUIRE(wait_for_text(files::join(run_dir, "metrics.jsonl"), "\"step\":3,", 120));
+      // As a launcher that forwards a signal its rank also got directly: the same signal twice, a
+      // moment apart. It used to take the "second signal" path and exit 143, no checkpoint.
+      for (const int sig : c.signals) {
+        ::kill(pid, sig);
+        wait_delivered(pid, sig);
+      }
+      const int rc = wait_exit(pid);
+      const std::string out = slurp(log);
+      INFO(out);
+      REQUIRE(rc == 3);
+      const int64_t step = stopped_after_step(out);
+      REQUIRE(step >= 3);
+      REQUIRE(step < 60);
+      const std::string ckpts = files::join(run_dir, "checkpoints");
+      CHECK(latest_checkpoint(ckpts) == checkpoint_path(ckpts, step));
+      if (c.signals.size() > 1) CHECK_THAT(out, Catch::Contains("already stopping"));
+      const std::string resumed = files::join(dir, std::string(c.name) + ".resumed.log");
+      REQUIRE(wait_exit(spawn_logged(kTrain, {"fit", config_path, "--run-dir", run_dir, "--resume", "auto"},
+                                     resumed)) == 0);
+      CHECK_THAT(slurp(resumed), Catch::Contains("resumed from " + checkpoint_path(ckpts, step)));
+      CHECK(files::exists(checkpoint_path(ckpts, 60)));
+    }
+  }
+  files::remove_all(dir);
+}
+
+TEST_CASE("a second stop signal a second later, or a stop past trainer.stop_grace_s, exits 128 + signal without a "
+          "checkpoint", "[resume][process][signals]") {
+  const std::string dir = files::make_temp_directory("train_signals_late_");
+  const std::string config_path = files::join(dir, "sleepy.yaml");
+  std::ofstream(config_path) << kSleepyConfig;
+  const std::string run_dir = files::join(dir, "run"), log = files::join(dir, "run.log");
+  const std::string ckpts = files::join(run_dir, "checkpoints");
+  SECTION("Ctrl-C, then Ctrl-C again 1.1 s later, while the 2 s step still runs") {
+    const pid_t pid = spawn_logged(self_exe(), {"fit", config_path, "--run-dir", run_dir}, log, kSleepyEnv);
+    REQUIRE(wait_for_text(files::join(run_dir, "metrics.jsonl"), "\"step\":1,", 120));  // step 2 just began
+    ::kill(pid, SIGINT);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+    ::kill(pid, SIGINT);
+    const int rc = wait_exit(pid);
+    INFO(slurp(log));
+    CHECK(rc == 128 + SIGINT);
+    CHECK_THAT(slurp(log), Catch::Contains("another stop signal; exiting now without a checkpoint"));
+    CHECK(latest_checkpoint(ckpts).empty());
+  }
+  SECTION("SIGTERM with trainer.stop_grace_s = 0.3 and 2 s steps: the watchdog exits 143, not 3") {
+    const pid_t pid = spawn_logged(self_exe(), {"fit", config_path, "--run-dir", run_dir, "--set",
+                                                "trainer.stop_grace_s=0.3"},
+                                   log, kSleepyEnv);
+    REQUIRE(wait_for_text(files::join(run_dir, "metrics.jsonl"), "\"step\":1,", 120));
+    ::kill(pid, SIGTERM);
+    const int rc = wait_exit(pid);
+    INFO(slurp(log));
+    CHECK(rc == 128 + SIGTERM);  // 3 would claim a checkpoint
+    CHECK_THAT(slurp(log), Catch::Contains("did not finish within trainer.stop_grace_s = 0.3 s; exiting with 143"));
+    CHECK(latest_checkpoint(ckpts).empty());
+  }
+  files::remove_all(dir);
+}
+
+TEST_CASE("temporary files left by killed checkpoint writes are removed when a run starts in the directory",
+          "[resume][process][signals]") {
+  const std::string dir = files::make_temp_directory("train_tmp_files_");
+  const std::string config_path = files::join(dir, "run.yaml");
+  std::ofstream(config_path) << kStopConfig;
+  const std::string run_dir = files::join(dir, "run"), ckpts = files::join(run_dir, "checkpoints");
+  files::make_directories(ckpts);
+  // A pid that is certainly not running: a child that has exited and been reaped.
+  pid_t dead = -1;
+  {
+    char* argv[] = {const_cast<char*>("/bin/true"), nullptr};
+    REQUIRE(posix_spawn(&dead, "/bin/true", nullptr, nullptr, argv, environ) == 0);
+    REQUIRE(wait_exit(dead) == 0);
+  }
+  const std::string d = std::to_string(dead), alive = std::to_string(::getpid());
+  const std::vector<std::string> stale{"step_00000010.pt.tmp." + d, "step_00000010.pt.crc32c.tmp." + d};
+  // A write still in progress (its pid runs: this test), and files that are not ours.
+  const std::vector<std::string> kept{"step_00000020.pt.tmp." + alive, "notes.tmp." + d, "step_00000030.pt.tmp.x1",
+                                      "step_00000030.pt.bak"};
+  for (const auto& name : stale) std::ofstream(files::join(ckpts, name)) << "half a checkpoint";
+  for (const auto& name : kept) std::ofstream(files::join(ckpts, name)) << "something";
+  const std::string log = files::join(dir, "run.log");
+  REQUIRE(wait_exit(spawn_logged(kTrain, {"fit", config_path, "--run-dir", run_dir, "--set", "trainer.max_steps=2"},
+                                 log)) == 0);
+  const std::string out = slurp(log);
+  INFO(out);
+  for (const auto& name : stale) {
+    CHECK_FALSE(files::exists(files::join(ckpts, name)));
+    CHECK_THAT(out, Catch::Contains("removed " + files::join(ckpts, name) + ", left by a checkpoint write that did "
+                                    "not finish (pid " + d + ")"));
+  }
+  for (const auto& name : kept) CHECK(files::exists(files::join(ckpts, name)));
+  CHECK_THAT(out, Catch::Contains("kept " + files::join(ckpts, kept[0]) + ": its writer, pid " + alive +
+                                  ", is still running"));
+  CHECK_THAT(slurp(files::join(run_dir, "train.log")), Catch::Contains("left by a checkpoint write that did not finish"));
+  CHECK(files::exists(checkpoint_path(ckpts, 2)));
   files::remove_all(dir);
 }

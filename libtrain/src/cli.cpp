@@ -3,15 +3,20 @@
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
 
+#include <signal.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cerrno>
 #include <csignal>
-#include <thread>
+#include <cstdint>
 #include <iostream>
+#include <iterator>
 #include <optional>
+#include <thread>
 
 #include "atomic_file.h"
 #include "run_dir.h"
@@ -32,54 +37,85 @@
 namespace train {
 namespace {
 
-// The first SIGTERM / SIGINT asks the trainer to stop after the current step and checkpoint;
-// a watchdog ends the process if that takes longer than trainer.stop_grace_s. A second signal
-// exits at once (128 + signal), without a checkpoint.
+// Stop signals: SIGTERM, SIGINT (Ctrl-C) and SIGUSR1 (Slurm's `--signal=USR1@N` warning before
+// the time limit). The first asks the trainer to stop after the current step and checkpoint
+// (exit 3); a watchdog ends the process with 128 + that signal, without a checkpoint, if that takes
+// longer than trainer.stop_grace_s. Another stop signal kRepeatSignalSeconds or more after the
+// first exits at once (128 + signal), without a checkpoint; one sooner is the same request
+// delivered twice (directly and forwarded by a launcher, or by a scheduler that signals every
+// process of the job) and changes nothing. The handler uses only lock-free atomics,
+// clock_gettime, write and _exit, all async-signal-safe.
+constexpr int kStopSignals[] = {SIGTERM, SIGINT, SIGUSR1};
+constexpr int64_t kRepeatSignalSeconds = 1;
+static_assert(std::atomic<int64_t>::is_always_lock_free && std::atomic<int>::is_always_lock_free &&
+                  std::atomic<Trainer*>::is_always_lock_free,
+              "the stop signal handler needs lock-free atomics");
 std::atomic<Trainer*> g_active_trainer{nullptr};
-std::atomic<int> g_stop_signals{0};
+std::atomic<int64_t> g_first_stop_ns{0};  // CLOCK_MONOTONIC time of the first stop signal; 0: none yet
+std::atomic<int> g_first_stop_signal{0};
+
+int64_t monotonic_ns() {  // clock_gettime is async-signal-safe; std::chrono's clocks are not promised to be
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
 extern "C" void on_stop_signal(int sig) {
-  if (g_stop_signals.fetch_add(1) > 0) {
-    static const char msg[] = "train: second signal; exiting now without a checkpoint\n";
+  const int saved_errno = errno;
+  const int64_t now = std::max<int64_t>(monotonic_ns(), 1);
+  int64_t first = 0;
+  if (g_first_stop_ns.compare_exchange_strong(first, now)) {
+    g_first_stop_signal.store(sig);
+    if (Trainer* t = g_active_trainer.load()) t->request_stop();
+  } else if (now - first >= kRepeatSignalSeconds * 1000000000) {
+    static const char msg[] = "train: another stop signal; exiting now without a checkpoint\n";
     (void)!::write(STDERR_FILENO, msg, sizeof(msg) - 1);
-    ::_exit(128 + sig);
+    ::_exit(kExitSignalBase + sig);
+  } else {
+    static const char msg[] = "train: the stop signal again within 1 s (delivered twice?); already stopping\n";
+    (void)!::write(STDERR_FILENO, msg, sizeof(msg) - 1);
   }
-  if (Trainer* t = g_active_trainer.load()) t->request_stop();
+  errno = saved_errno;
 }
 
 class ScopedStopHandler {
  public:
   ScopedStopHandler(Trainer& t, double grace_seconds) {
-    g_stop_signals.store(0);
+    g_first_stop_ns.store(0);
+    g_first_stop_signal.store(0);
     g_active_trainer.store(&t);
-    std::signal(SIGTERM, on_stop_signal);
-    std::signal(SIGINT, on_stop_signal);
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    for (const int sig : kStopSignals) sigaddset(&sa.sa_mask, sig);  // one handler at a time
+    sa.sa_flags = SA_RESTART;
+    for (size_t i = 0; i < std::size(kStopSignals); ++i) ::sigaction(kStopSignals[i], &sa, &previous_[i]);
     watchdog_ = std::thread([this, grace_seconds] {
-      using Clock = std::chrono::steady_clock;
-      Clock::time_point first{};
+      const auto grace_ns = static_cast<int64_t>(grace_seconds * 1e9);
       while (!done_.load()) {
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        if (g_stop_signals.load() == 0) continue;
-        if (first == Clock::time_point{}) first = Clock::now();
-        if (Clock::now() - first > std::chrono::duration<double>(grace_seconds)) {
-          log::error(log::str("stop requested but the current step and checkpoint did not finish within "
-                              "trainer.stop_grace_s = ", grace_seconds, " s; exiting without a checkpoint"));
-          std::_Exit(kExitStopped);
-        }
+        const int64_t first = g_first_stop_ns.load();
+        if (first == 0 || monotonic_ns() - first <= grace_ns) continue;
+        const int sig = g_first_stop_signal.load();
+        const int code = kExitSignalBase + (sig != 0 ? sig : SIGTERM);
+        log::error(log::str("stop requested but the current step and checkpoint did not finish within "
+                            "trainer.stop_grace_s = ", grace_seconds, " s; exiting with ", code,
+                            " (128 + the signal) without a checkpoint"));
+        std::_Exit(code);
       }
     });
   }
   ~ScopedStopHandler() {
     done_.store(true);
     watchdog_.join();
-    std::signal(SIGTERM, SIG_DFL);
-    std::signal(SIGINT, SIG_DFL);
+    for (size_t i = 0; i < std::size(kStopSignals); ++i) ::sigaction(kStopSignals[i], &previous_[i], nullptr);
     g_active_trainer.store(nullptr);
   }
-  bool signalled() const { return g_stop_signals.load() > 0; }
 
  private:
   std::atomic<bool> done_{false};
   std::thread watchdog_;
+  struct sigaction previous_[std::size(kStopSignals)] {};
 };
 
 struct CommonArgs {
@@ -290,8 +326,10 @@ int run_cli(int argc, char** argv) {
   CLI::App app{"train: device-adaptive training on LibTorch"};
   app.require_subcommand(1);
   app.footer("Exit codes: 0 success; 1 bad data (a missing, truncated or malformed data file) or a runtime "
-             "failure; 2 invalid usage, config or checkpoint; 3 stopped by SIGTERM/SIGINT after a checkpoint "
-             "(resume with --resume auto). Bad input leaves no run directory behind.");
+             "failure; 2 invalid usage, config or checkpoint; 3 stopped by SIGTERM/SIGINT/SIGUSR1 after a "
+             "checkpoint (resume with --resume auto); 128+N stopped by signal N without a checkpoint (a second "
+             "signal 1 s or more after the first, or trainer.stop_grace_s exceeded). Bad input leaves no run "
+             "directory behind.");
 
   CommonArgs fit_args, eval_args, check_args, plan_args;
   std::string run_dir, resume, checkpoint;

@@ -361,7 +361,8 @@ std::vector<Key> build_schema() {
               "intra-op CPU threads; 0 = the cores available to the process")
           .at_least(0),
       trainer("stop_grace_s", &T::stop_grace_s,
-              "after SIGTERM/SIGINT, seconds to finish the step and write a checkpoint before exiting anyway")
+              "after SIGTERM/SIGINT/SIGUSR1, seconds to finish the step and write a checkpoint before exiting "
+              "anyway, without one (exit 128 + the signal)")
           .above(0),
       trainer("on_nonfinite", &T::on_nonfinite,
               "a non-finite loss (without loss scaling; with it the scaler skips the step): stop = exit 1 "

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -11,6 +12,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <iterator>
 #include <thread>
 
 #include "train/errors.h"
@@ -18,6 +20,10 @@
 
 namespace train {
 namespace {
+
+// The stop signals the launcher forwards to its ranks: the terminal's Ctrl-C, kill's default and
+// Slurm's usual `--signal=USR1@N` warning before the time limit.
+constexpr int kForwardedSignals[] = {SIGINT, SIGTERM, SIGUSR1};
 
 std::atomic<int> g_forward_signal{0};
 extern "C" void remember_signal(int sig) { g_forward_signal.store(sig); }
@@ -82,10 +88,11 @@ int launch_local(const std::vector<std::string>& argv, const LaunchOptions& opti
   struct sigaction sa {};
   sa.sa_handler = remember_signal;
   sigemptyset(&sa.sa_mask);
-  struct sigaction old_int {}, old_term {};
-  sigaction(SIGINT, &sa, &old_int);
-  sigaction(SIGTERM, &sa, &old_term);
+  sa.sa_flags = SA_RESTART;
+  struct sigaction old_actions[std::size(kForwardedSignals)] {};
+  for (size_t i = 0; i < std::size(kForwardedSignals); ++i) sigaction(kForwardedSignals[i], &sa, &old_actions[i]);
 
+  const pid_t launcher = ::getpid();
   std::vector<Child> children(static_cast<size_t>(options.nproc));
   for (int rank = 0; rank < options.nproc; ++rank) {
     const pid_t pid = ::fork();
@@ -94,8 +101,19 @@ int launch_local(const std::vector<std::string>& argv, const LaunchOptions& opti
       throw Error(std::string("launch: fork(): ") + std::strerror(errno));
     }
     if (pid == 0) {
-      ::signal(SIGINT, SIG_DFL);
-      ::signal(SIGTERM, SIG_DFL);
+      // A session, and so a process group, of its own (as torchrun's start_new_session): a signal
+      // to the launcher's group (Ctrl-C in a terminal) reaches the launcher only, which forwards it
+      // once; without this each rank got it twice, directly and forwarded. Out of the terminal's
+      // session, a rank's output is not subject to job control (stty tostop). A signal to the old
+      // group before this line meets the launcher's handler, which does nothing here.
+      ::setsid();
+      // A rank would outlive a launcher killed with SIGKILL, and no longer gets the SIGHUP of a
+      // closing terminal: have the kernel send SIGTERM, a graceful stop, when the launcher (the
+      // thread that forked, which waits here for every rank) dies, and check that it did not die
+      // before this line.
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (::getppid() != launcher) ::_exit(kExitRuntime);
+      for (const int sig : kForwardedSignals) ::signal(sig, SIG_DFL);
       ::setenv("RANK", std::to_string(rank).c_str(), 1);
       ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
       ::setenv("WORLD_SIZE", std::to_string(options.nproc).c_str(), 1);
@@ -112,12 +130,21 @@ int launch_local(const std::vector<std::string>& argv, const LaunchOptions& opti
     children[static_cast<size_t>(rank)] = Child{rank, pid, true, 0, ""};
   }
 
-  int result = kExitOk;
-  bool stopping = false;
-  std::chrono::steady_clock::time_point kill_at{};
+  // A rank that exits 3 (kExitStopped) stopped after a checkpoint, as asked by a stop signal
+  // (forwarded from here, or sent to it directly: the ranks agree to stop after the same step).
+  // That is no failure: the others are about to do the same, so they are waited for, not signalled
+  // again, up to grace_seconds. Any other non-zero exit is a failure: the rest get SIGTERM, and
+  // SIGKILL grace_seconds later.
+  int failure = kExitOk;
+  bool any_stopped = false;
+  int forwarded = 0;  // the last stop signal forwarded to the ranks
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point kill_at = Clock::time_point::max();
+  const auto grace = std::chrono::milliseconds(static_cast<int64_t>(options.grace_seconds * 1000));
   for (;;) {
     if (const int sig = g_forward_signal.exchange(0)) {
       log::warn(log::str("launch: ", strsignal(sig), "; forwarding it to every rank"));
+      forwarded = sig;
       signal_running(children, sig);
     }
     int status = 0;
@@ -126,26 +153,39 @@ int launch_local(const std::vector<std::string>& argv, const LaunchOptions& opti
       for (auto& c : children) {
         if (c.pid != pid || !c.running) continue;
         record_status(c, status);
-        if (c.exit_code != 0 && !stopping) {
-          result = c.exit_code;
-          stopping = true;
-          kill_at = std::chrono::steady_clock::now() +
-                    std::chrono::milliseconds(static_cast<int64_t>(options.grace_seconds * 1000));
-          log::error(log::str("launch: rank ", c.rank, " (pid ", c.pid, ") ", c.how, "; stopping the other ranks"));
-          signal_running(children, SIGTERM);
+        if (c.exit_code == kExitOk || failure != kExitOk) continue;
+        if (c.exit_code == kExitStopped) {
+          any_stopped = true;
+          log::info(log::str("launch: rank ", c.rank, " (pid ", c.pid, ") stopped after a checkpoint (exit 3)",
+                             forwarded ? "" : " without a signal from the launcher"));
+          if (kill_at == Clock::time_point::max()) kill_at = Clock::now() + grace;
+          continue;
         }
+        failure = c.exit_code;
+        kill_at = Clock::now() + grace;
+        log::error(log::str("launch: rank ", c.rank, " (pid ", c.pid, ") ", c.how, "; stopping the other ranks"));
+        signal_running(children, SIGTERM);
       }
       continue;
     }
     if (pid < 0 && errno == ECHILD) break;
-    if (stopping && std::chrono::steady_clock::now() >= kill_at) {
+    if (Clock::now() >= kill_at) {
+      for (const auto& c : children) {
+        if (c.running) {
+          log::error(log::str("launch: rank ", c.rank, " (pid ", c.pid, ") did not stop within ",
+                              options.grace_seconds, " s; killing it"));
+        }
+      }
       signal_running(children, SIGKILL);
-      kill_at = std::chrono::steady_clock::time_point::max();
+      kill_at = Clock::time_point::max();
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  sigaction(SIGINT, &old_int, nullptr);
-  sigaction(SIGTERM, &old_term, nullptr);
+  for (size_t i = 0; i < std::size(kForwardedSignals); ++i) sigaction(kForwardedSignals[i], &old_actions[i], nullptr);
+  const int result = failure != kExitOk ? failure : any_stopped ? static_cast<int>(kExitStopped) : kExitOk;
+  if (result == kExitStopped) {
+    log::warn("launch: the ranks stopped after a checkpoint; resume with --resume auto");
+  }
   if (result == kExitOk) log::info(log::str("launch: all ", options.nproc, " ranks finished"));
   return result;
 }

@@ -649,6 +649,9 @@ FitResult Trainer::fit(const std::string& resume) {
   const auto fit_start = Clock::now();
   const std::string ckpt_dir = s.checkpoint_dir();
 
+  // Rank 0 alone writes checkpoints: what a killed write of an earlier run left is garbage.
+  if (!ckpt_dir.empty() && s.plan.rank == 0) remove_stale_checkpoint_temporaries(ckpt_dir);
+
   // ---- initial state: resume, init_from, or fresh ----
   std::string resume_path = resume;
   if (resume == "auto") {

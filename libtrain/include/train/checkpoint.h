@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 namespace train {
 
@@ -55,5 +56,11 @@ void prune_checkpoints(const std::string& dir, int64_t keep, const std::string& 
 // behind: kept in place, --resume auto and rollbacks would jump back to them, and pruning would
 // delete the resumed run's own files first.
 std::vector<std::string> set_aside_checkpoints_after(const std::string& dir, int64_t step);
+// Removes the temporary files ("step_*.pt.tmp.<pid>", "step_*.pt.crc32c.tmp.<pid>") that writes
+// killed before their rename left in dir, logging each; those of a writer that is still running
+// here (another process writing to the same directory) are kept, with a warning. Files of this
+// process's own pid count as left over: a container may give every restart the same pid, and this
+// is called before the run writes anything. Returns the paths removed.
+std::vector<std::string> remove_stale_checkpoint_temporaries(const std::string& dir);
 
 }  // namespace train

@@ -8,8 +8,13 @@
 //   2  invalid usage or configuration: CLI arguments, the config file and --set overrides (type,
 //      range, unknown or duplicate key, YAML syntax, batch arithmetic), and a checkpoint given with
 //      --resume, --checkpoint or model.init_from that is unreadable or does not fit the model
-//   3  stopped early by SIGTERM / SIGINT after writing a checkpoint; `--resume auto` continues.
-//      (A second signal exits at once with 128 + the signal number.)
+//   3  stopped early by SIGTERM / SIGINT / SIGUSR1 after writing a checkpoint; `--resume auto`
+//      continues. A second stop signal within 1 s of the first (the same one delivered directly
+//      and by a launcher) changes nothing.
+//   128 + N  stopped by signal N without a checkpoint: another stop signal 1 s or more after the
+//      first, or the step and checkpoint took longer than trainer.stop_grace_s (N is then the first
+//      signal's number: 143 for SIGTERM, 130 for SIGINT, 138 for SIGUSR1), as for a process killed
+//      by that signal. `--resume auto` continues from the newest earlier checkpoint.
 //
 // Nothing is left half-written: input is validated (config, data file headers and sizes,
 // checkpoints) before the run directory is created, and a run that fails before its first
@@ -19,7 +24,14 @@
 
 namespace train {
 
-enum ExitCode : int { kExitOk = 0, kExitRuntime = 1, kExitData = 1, kExitInvalid = 2, kExitStopped = 3 };
+enum ExitCode : int {
+  kExitOk = 0,
+  kExitRuntime = 1,
+  kExitData = 1,
+  kExitInvalid = 2,
+  kExitStopped = 3,
+  kExitSignalBase = 128,  // + the signal number: stopped by a signal without a checkpoint
+};
 
 class Error : public std::runtime_error {
  public:
