@@ -205,6 +205,10 @@ void write_token_file(const std::string& path, const std::vector<std::vector<int
 // ---- TokenFile ----------------------------------------------------------------------------------
 
 TokenFile::TokenFile(const std::string& path) : path_(path) {
+  // Checked before open(), which blocks on a FIFO until something writes to it.
+  if (const std::string problem = files::input_file_problem(path); !problem.empty()) {
+    throw DataError(path + ": " + problem + ", expected a token file");
+  }
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     throw DataError(path + ": cannot open token file: " + std::strerror(errno));
@@ -361,6 +365,9 @@ void TokenFile::verify() const {
 // ---- vocab files --------------------------------------------------------------------------------
 
 VocabInfo read_vocab_file(const std::string& path) {
+  if (const std::string problem = files::input_file_problem(path); !problem.empty()) {
+    throw DataError(path + ": " + problem + ", expected a vocab file");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw DataError(path + ": cannot open vocab file: " + std::strerror(errno));
   VocabInfo vocab;
