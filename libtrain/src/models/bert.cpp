@@ -6,6 +6,7 @@
 #include <limits>
 #include <stdexcept>
 
+#include "bert_presets.h"
 #include "compat.h"
 
 namespace train::models {
@@ -129,24 +130,22 @@ void validate(const BertOptions& o) {
 bool bert_fused_attention_available() { return TRAIN_TORCH_AT_LEAST(2, 0); }
 
 BertOptions BertOptions::preset(const std::string& name) {
+  const detail::BertPresetSizes* sizes = detail::find_bert_preset(name);
+  if (!sizes) throw std::invalid_argument("BERT: unknown preset '" + name + "'");
   BertOptions o;
-  auto size = [&o](int64_t layers, int64_t hidden, int64_t heads) {
-    o.num_layers = layers;
-    o.hidden_size = hidden;
-    o.num_heads = heads;
-    o.intermediate_size = 4 * hidden;
-  };
-  if (name == "bert-base") size(12, 768, 12);
-  else if (name == "bert-small") size(4, 512, 8);
-  else if (name == "bert-mini") size(4, 256, 4);
-  else if (name == "bert-tiny") size(2, 128, 2);
-  else if (name == "minilm-l6") size(6, 384, 12);
-  else throw std::invalid_argument("BERT: unknown preset '" + name + "'");
+  o.num_layers = sizes->layers;
+  o.hidden_size = sizes->hidden;
+  o.num_heads = sizes->heads;
+  o.intermediate_size = 4 * sizes->hidden;
+  o.vocab_size = detail::kBertPresetVocab;
+  o.max_positions = detail::kBertPresetPositions;
   return o;
 }
 
 std::vector<std::string> BertOptions::preset_names() {
-  return {"bert-base", "bert-small", "bert-mini", "bert-tiny", "minilm-l6"};
+  std::vector<std::string> names;
+  for (const detail::BertPresetSizes& p : detail::kBertPresets) names.emplace_back(p.name);
+  return names;
 }
 
 BertModel::BertModel(const BertOptions& options) : options_(options) {
