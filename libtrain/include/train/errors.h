@@ -10,6 +10,7 @@
 //      --resume, --checkpoint or model.init_from that is unreadable or does not fit the model
 //   3  stopped early by SIGTERM / SIGINT after writing a checkpoint; `--resume auto` continues.
 //      (A second signal exits at once with 128 + the signal number.)
+//   127  `train launch` could not start a rank (exec of the train executable failed).
 //
 // Nothing is left half-written: input is validated (config, data file headers and sizes,
 // checkpoints) before the run directory is created, and a run that fails before its first

@@ -245,6 +245,26 @@ torch::Tensor BertModel::random_input(const std::vector<int64_t>& shape, const t
   return ids - ids.le(options_.pad_id).to(torch::kLong);
 }
 
+std::string BertModel::input_problem(const std::vector<int64_t>& sample_shape, int64_t vocab_size) const {
+  std::string shape;
+  for (size_t i = 0; i < sample_shape.size(); ++i) shape += (i ? "x" : "") + std::to_string(sample_shape[i]);
+  if (sample_shape.size() != 1 || vocab_size <= 0) {
+    return "key 'model.name': BERT takes token ids (data.kind tokens or tsv), but the data gives samples of shape " +
+           shape + (vocab_size <= 0 ? " without a vocabulary" : "");
+  }
+  if (sample_shape[0] > options_.max_positions) {
+    return "key 'data.seq_len': " + std::to_string(sample_shape[0]) + " tokens per sample, more than the model's " +
+           std::to_string(options_.max_positions) +
+           " position embeddings (model.max_positions); lower data.seq_len or raise model.max_positions";
+  }
+  if (vocab_size > options_.vocab_size) {
+    return "key 'model.vocab_size': the model embeds " + std::to_string(options_.vocab_size) +
+           " token ids, but the data's vocabulary has " + std::to_string(vocab_size) +
+           " tokens; set model.vocab_size to at least " + std::to_string(vocab_size);
+  }
+  return "";
+}
+
 ModelPtr make_bert(BertHead head, const ModelConfig& config) {
   BertOptions o = BertOptions::preset(config.preset);
   auto pick = [](int64_t value, int64_t& field) {
