@@ -406,21 +406,21 @@ TEST_CASE("bad_input: malformed configs exit 2 naming the file line:column and k
       {"zero global batch", kExitConfig,
        [&](const CaseDir& d) {
          return fit(d, replace(base, "global_batch: 8", "global_batch: 0"),
-                    {"cfg.yaml:10:17", "trainer.global_batch", "must be >= 1"});
+                    {"cfg.yaml:10:17", "trainer.global_batch", "must be in [1, 16777216]"});
        }},
       {"negative epochs", kExitConfig,
        [&](const CaseDir& d) {
-         return fit(d, replace(base, "max_steps: 1", "epochs: -1"), {"cfg.yaml:11:11", "trainer.epochs", ">= 0"});
+         return fit(d, replace(base, "max_steps: 1", "epochs: -1"), {"cfg.yaml:11:11", "trainer.epochs", "[0, 1000000]"});
        }},
       {"zero learning rate", kExitConfig,
        [&](const CaseDir& d) { return fit(d, base + "optim: {lr: 0}\n", {"cfg.yaml:15:13", "optim.lr", "> 0"}); }},
       {"negative loader workers", kExitConfig,
        [&](const CaseDir& d) {
-         return fit(d, replace(base, "workers: 0", "workers: -3"), {"cfg.yaml:8:12", "data.workers", ">= -1"});
+         return fit(d, replace(base, "workers: 0", "workers: -3"), {"cfg.yaml:8:12", "data.workers", "[-1, 1024]"});
        }},
       {"negative image size", kExitConfig,
        [&](const CaseDir& d) {
-         return fit(d, replace(base, "workers: 0", "image_size: -28"), {"cfg.yaml:8:15", "data.image_size", ">= 0"});
+         return fit(d, replace(base, "workers: 0", "image_size: -28"), {"cfg.yaml:8:15", "data.image_size", "[0, 16384]"});
        }},
       {"out of range: momentum 1.5", kExitConfig,
        [&](const CaseDir& d) {
@@ -533,6 +533,192 @@ TEST_CASE("bad_input: bad --set overrides and flags exit 2", "[bad_input][proces
        [&](const CaseDir& d) { return with_config(d, {"eval", "cfg.yaml"}, {"--checkpoint"}); }},
       {"launch with --nproc 0", kExitConfig,
        [&](const CaseDir& d) { return with_config(d, {"launch", "--nproc", "0", "cfg.yaml"}, {"--nproc"}); }},
+      {"launch with a negative --master-port", kExitConfig,
+       [&](const CaseDir& d) {
+         return with_config(d, {"launch", "--nproc", "1", "--master-port", "-5", "cfg.yaml"}, {"--master-port"});
+       }},
+      {"launch with --master-port above 65535", kExitConfig,
+       [&](const CaseDir& d) {
+         return with_config(d, {"launch", "--nproc", "1", "--master-port", "70000", "cfg.yaml"}, {"--master-port"});
+       }},
+      {"--run-dir that is an existing file", kExitConfig,
+       [&](const CaseDir& d) {
+         d.write("notes.txt", "the user's file\n");
+         return with_config(d, {"fit", "cfg.yaml", "--run-dir", "notes.txt"}, {"--run-dir notes.txt", "is a file"});
+       }},
+      {"--run-dir under an existing file", kExitConfig,
+       [&](const CaseDir& d) {
+         d.write("notes.txt", "the user's file\n");
+         return with_config(d, {"fit", "cfg.yaml", "--run-dir", "notes.txt/run"}, {"notes.txt/run", "is a file"});
+       }},
+      // A value is one whole YAML value: nothing after it is dropped, no bare comma is an empty value.
+      {"--set with text after a list", kExitConfig,
+       [&](const CaseDir& d) {
+         return with_config(d, {"fit", "cfg.yaml", "--set", "data.mean=[0.5] junk"},
+                            {"--set data.mean=[0.5] junk", "data.mean", "unexpected text after the value"});
+       }},
+      {"--set with text after a quoted string", kExitConfig,
+       [&](const CaseDir& d) {
+         return with_config(d, {"fit", "cfg.yaml", "--set", "model.name='mlp' junk"},
+                            {"--set model.name='mlp' junk", "model.name", "unexpected text after the value"});
+       }},
+      {"--set of a bare comma to a list", kExitConfig,
+       [&](const CaseDir& d) {
+         return with_config(d, {"fit", "cfg.yaml", "--set", "data.mean=,"}, {"--set data.mean=,", "data.mean", "','"});
+       }},
+      {"--set of a bare comma to a string", kExitConfig,
+       [&](const CaseDir& d) {
+         return with_config(d, {"fit", "cfg.yaml", "--set", "data.root=,"}, {"--set data.root=,", "data.root", "','"});
+       }},
+      {"--set of an out-of-range CUDA index (plan)", kExitConfig,
+       [&](const CaseDir& d) {
+         return with_config(d, {"plan", "cfg.yaml", "--set", "trainer.device=cuda:99999999999999999999"},
+                            {"--set trainer.device=cuda:99999999999999999999", "trainer.device", "out of range"});
+       }},
+      {"--set of an out-of-range CUDA index (check)", kExitConfig,
+       [&](const CaseDir& d) {
+         return with_config(d, {"check", "cfg.yaml", "--set", "trainer.device=cuda:99999999999999999999"},
+                            {"trainer.device", "out of range"});
+       }},
+  };
+  // Values past each key's upper bound, which used to overflow downstream (a SIGFPE in the loader,
+  // bad_alloc, a negative step count that "finished" at once, a negative timeout, ...).
+  for (const std::vector<std::string>& sets :
+       std::vector<std::vector<std::string>>{{"data.workers=4294967296", "data.prefetch=4294967296"},
+                                             {"data.prefetch=1000000000000"},
+                                             {"trainer.epochs=9223372036854775807"},
+                                             {"schedule.warmup_epochs=1e300"},
+                                             {"data.seq_len=9223372036854775807"},
+                                             {"distributed.init_timeout_s=1e300"},
+                                             {"trainer.threads=2147483648"},
+                                             {"model.width=1e300"},
+                                             {"data.image_size=3000000000"}}) {
+    cases.push_back({"--set past the upper bound: " + sets.front(), kExitConfig, [&s, sets](const CaseDir& d) {
+                       d.write("cfg.yaml", s.idx_config());
+                       std::vector<std::string> args{"fit", "cfg.yaml"};
+                       for (const std::string& set : sets) args.insert(args.end(), {"--set", set});
+                       const std::string key = sets.front().substr(0, sets.front().find('='));
+                       return Invocation{args, {"--set " + sets.front(), "key '" + key + "'", "must be in"}};
+                     }});
+  }
+  run_cases(cases);
+}
+
+// ---- model and data that do not fit each other: exit 2 before anything is written -------------------
+
+TEST_CASE("bad_input: models and data that do not fit each other exit 2 naming the key", "[bad_input][process]") {
+  const Shared& s = shared();
+  std::vector<Case> cases = {
+      {"mlp on 8x8 synthetic images", kExitConfig,
+       [&](const CaseDir& d) {
+         d.write("cfg.yaml", "model:\n  name: mlp\n  in_channels: 1\n  num_classes: 10\n"
+                             "data:\n  kind: synthetic\n  image_size: 8\n  workers: 0\n"
+                             "trainer:\n  global_batch: 8\n  max_steps: 1\n  device: cpu\n"
+                             "logging:\n  tensorboard: false\n");
+         return Invocation{{"fit", "cfg.yaml"}, {"cfg.yaml:7:15", "data.image_size", "28x28", "8x8"}};
+       }},
+      {"BERT samples longer than its position embeddings", kExitConfig,
+       [&](const CaseDir& d) {
+         d.write("cfg.yaml", replace(s.tokens_config(s.tokens), "seq_len: 16", "seq_len: 32"));
+         return Invocation{{"fit", "cfg.yaml"}, {"cfg.yaml:2:", "data.seq_len", "32 tokens", "16 position embeddings"}};
+       }},
+      {"BERT samples longer than its position embeddings (check)", kExitConfig,
+       [&](const CaseDir& d) {
+         d.write("cfg.yaml", replace(s.tokens_config(s.tokens), "seq_len: 16", "seq_len: 32"));
+         return Invocation{{"check", "cfg.yaml"}, {"cfg.yaml:2:", "data.seq_len"}};
+       }},
+      {"BERT vocabulary smaller than the token data's", kExitConfig,
+       [&](const CaseDir& d) {
+         d.write("cfg.yaml", replace(s.tokens_config(s.tokens), "vocab_size: 50", "vocab_size: 20, num_classes: 50"));
+         return Invocation{{"fit", "cfg.yaml"}, {"cfg.yaml:1:56", "model.vocab_size", "50 tokens"}};
+       }},
+      {"BERT vocabulary smaller than the TSV data's vocab file", kExitConfig,
+       [&](const CaseDir& d) {
+         d.write("cfg.yaml", replace(s.tsv_config(s.tsv), "vocab_size: 9", "vocab_size: 5"));
+         return Invocation{{"fit", "cfg.yaml"}, {"cfg.yaml:1:63", "model.vocab_size", "9 tokens"}};
+       }},
+      {"BERT heads that do not divide the hidden size (check)", kExitConfig,
+       [&](const CaseDir& d) {
+         d.write("cfg.yaml", replace(s.tokens_config(s.tokens), "max_positions: 16", "max_positions: 16, heads: 3"));
+         return Invocation{{"check", "cfg.yaml"}, {"cfg.yaml:1:86", "model.heads", "do not divide the hidden size 128"}};
+       }},
+      {"BERT hidden size that the heads do not divide", kExitConfig,
+       [&](const CaseDir& d) {
+         d.write("cfg.yaml", s.tokens_config(s.tokens));
+         return Invocation{{"fit", "cfg.yaml", "--set", "model.hidden_size=7"},
+                           {"--set model.hidden_size=7", "model.hidden_size", "not a multiple"}};
+       }},
+      // Values that contradict the token file are the keys' errors, not the file's.
+      {"data.pad_id outside the token file's vocabulary", kExitConfig,
+       [&](const CaseDir& d) {
+         d.write("cfg.yaml", s.tokens_config(s.tokens));
+         return Invocation{{"fit", "cfg.yaml", "--set", "data.pad_id=1000"},
+                           {"--set data.pad_id=1000", "key 'data.pad_id'", "train.tokens"}};
+       }},
+      {"data.vocab_size below the token file's vocabulary", kExitConfig,
+       [&](const CaseDir& d) {
+         d.write("cfg.yaml", s.tokens_config(s.tokens));
+         return Invocation{{"fit", "cfg.yaml", "--set", "data.vocab_size=10"},
+                           {"--set data.vocab_size=10", "key 'data.vocab_size'", "50 tokens"}};
+       }},
+  };
+  run_cases(cases);
+}
+
+// ---- a failure that is not one of train's errors, mid-run: the run directory is put back ------------------
+
+TEST_CASE("bad_input: a LibTorch error before the first checkpoint leaves no run directory", "[bad_input][process]") {
+  std::vector<Case> cases = {
+      // BatchNorm in training needs more than one value per channel: ResNet's first one gets a
+      // single 1x1 image. LibTorch's c10::Error (not a train::Error) stops the first step.
+      {"ResNet on a batch of one 1x1 image", kExitData,
+       [&](const CaseDir& d) {
+         d.write("cfg.yaml", "model: {name: resnet18, in_channels: 1, num_classes: 10, small_input: true}\n"
+                             "data: {kind: synthetic, image_size: 1, workers: 0}\n"
+                             "trainer: {global_batch: 1, max_steps: 1, device: cpu}\n"
+                             "logging: {tensorboard: false}\n");
+         return Invocation{{"fit", "cfg.yaml"}, {"removed runs, which this run created"}};
+       }},
+  };
+  run_cases(cases);
+}
+
+// ---- named pipes: rejected, never opened (a read would wait for a writer forever) ----------------------
+
+TEST_CASE("bad_input: a named pipe given as a config or data file is rejected at once", "[bad_input][process]") {
+  const Shared& s = shared();
+  // The pipes live outside the case directories, whose files the harness reads.
+  const std::string pipes = files::join(s.root, "pipes");
+  files::make_directories(pipes);
+  auto fifo = [&pipes](const std::string& name) {
+    const std::string path = files::join(pipes, name);
+    if (!files::exists(path)) REQUIRE(::mkfifo(path.c_str(), 0600) == 0);
+    return path;
+  };
+  std::vector<Case> cases = {
+      {"config file that is a named pipe", kExitConfig,
+       [&](const CaseDir&) {
+         const std::string config = fifo("cfg.yaml");
+         return Invocation{{"check", config}, {config, "named pipe"}};
+       }},
+      {"vocab file that is a named pipe", kExitData,
+       [&](const CaseDir& d) {
+         const std::string vocab = fifo("vocab.txt");
+         d.write("cfg.yaml", replace(s.tokens_config(s.tokens), "vocab_file: vocab.txt", "vocab_file: " + vocab));
+         return Invocation{{"fit", "cfg.yaml"}, {vocab, "named pipe"}};
+       }},
+      {"token file that is a named pipe", kExitData,
+       [&](const CaseDir& d) {
+         const std::string tokens = fifo("train.tokens");
+         d.write("cfg.yaml", replace(s.tokens_config(s.tokens), "seq_len: 16", "seq_len: 16, train_tokens: " + tokens));
+         return Invocation{{"fit", "cfg.yaml"}, {tokens, "named pipe"}};
+       }},
+      {"TSV file that is a named pipe", kExitData,
+       [&](const CaseDir& d) {
+         const std::string tsv = fifo("train.tsv");
+         d.write("cfg.yaml", replace(s.tsv_config(s.tsv), "seq_len: 16", "seq_len: 16, train_tsv: " + tsv));
+         return Invocation{{"fit", "cfg.yaml"}, {tsv, "named pipe"}};
+       }},
   };
   run_cases(cases);
 }

@@ -164,6 +164,19 @@ TEST_CASE("BERT registry builders and config keys", "[bert]") {
   train::ModelConfig bad = c.model;
   bad.heads = 3;  // 128 is not a multiple of 3
   CHECK_THROWS_WITH(train::models::make_model(bad), Catch::Contains("not a multiple of num_heads"));
+
+  // What prepare_run checks before a run: sample length against the positions, the data's
+  // vocabulary against the embedding (vocab 500 from c, 16 positions here).
+  train::ModelConfig small = c.model;
+  small.max_positions = 16;
+  const auto checked = train::models::make_model(small);
+  CHECK(checked->input_problem({16}, 500).empty());
+  CHECK(checked->input_problem({8}, 20).empty());
+  CHECK_THAT(checked->input_problem({32}, 500),
+             Catch::Contains("key 'data.seq_len': 32 tokens per sample") && Catch::Contains("16 position embeddings"));
+  CHECK_THAT(checked->input_problem({16}, 501),
+             Catch::Contains("key 'model.vocab_size'") && Catch::Contains("501 tokens"));
+  CHECK_THAT(checked->input_problem({1, 28, 28}, 0), Catch::Contains("key 'model.name'"));
 }
 
 TEST_CASE("BERT MLM loss falls on a short run", "[bert]") {

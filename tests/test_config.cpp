@@ -337,7 +337,7 @@ TEST_CASE("out-of-range values are rejected with the allowed range", "[config]")
   CHECK_THAT(config_error("optim:\n  momentum: 1.5\n" + kRequired),
              Contains("test.yaml:2:13: key 'optim.momentum': must be in [0, 1), got 1.5"));
   CHECK_THAT(config_error(kModelAndData + "trainer:\n  epochs: 1\n  global_batch: 0\n"),
-             Contains("test.yaml:5:17: key 'trainer.global_batch': must be >= 1, got 0"));
+             Contains("test.yaml:5:17: key 'trainer.global_batch': must be in [1, 16777216], got 0"));
   CHECK_THAT(
       config_error("data:\n  root: /d\n  mean: [0.5, 0.5]\n  std: [0.5, 0]\n" + kModelAndTrainer),
       Contains("test.yaml:4:14: key 'data.std[1]': must be > 0, got 0"));
@@ -457,6 +457,105 @@ TEST_CASE("overrides (--set) are typed, checked and applied after the file", "[c
     CHECK_THAT(config_error(kRequired, {"data.mean=[0.5, x]"}),
                Contains("--set data.mean=[0.5, x]: key 'data.mean[1]': expected a float"));
   }
+}
+
+TEST_CASE("--set takes one whole value: trailing text, a bare comma and empty list items are errors",
+          "[config]") {
+  // Each of these used to be taken silently as its first part: [0.5], mlp, [], "".
+  CHECK_THAT(config_error(kRequired, {"data.mean=[0.5] junk"}),
+             Contains("--set data.mean=[0.5] junk: key 'data.mean': unexpected text after the value: 'junk'"));
+  CHECK_THAT(config_error(kRequired, {"model.name='mlp' junk"}),
+             Contains("--set model.name='mlp' junk: key 'model.name': unexpected text after the value: 'junk'"));
+  CHECK_THAT(config_error(kRequired, {"optim.lr=0.1 ---"}), Contains("key 'optim.lr'"));
+  CHECK_THAT(config_error(kRequired, {"data.mean=,"}),
+             Contains("--set data.mean=,: key 'data.mean': invalid YAML value: unexpected ','"));
+  CHECK_THAT(config_error(kRequired, {"data.root=,"}),
+             Contains("--set data.root=,: key 'data.root': invalid YAML value: unexpected ','"));
+  CHECK_THAT(config_error(kRequired, {"data.mean=[0.5,,0.5]"}),
+             Contains("--set data.mean=[0.5,,0.5]: key 'data.mean[1]': expected a float, got no value"));
+  CHECK_THAT(config_error(kRequired, {"data.mean=[,]"}), Contains("key 'data.mean[0]': expected a float"));
+  // Still fine: a comment, an empty value, a string with spaces, quoted text.
+  const Config c = parse_config(kRequired, "test.yaml",
+                                {"optim.lr=0.5 # half", "model.init_from=", "data.root=/a b", "model.name='x y'"});
+  CHECK(c.optim.lr == 0.5);
+  CHECK(c.model.init_from.empty());
+  CHECK(c.data.root == "/a b");
+  CHECK(c.model.name == "x y");
+}
+
+TEST_CASE("size and count keys have upper bounds, so nothing downstream overflows", "[config]") {
+  // Each of these got through the config before and then wrapped, divided by zero, allocated
+  // without limit or went negative somewhere downstream.
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"data.workers=4294967296", "key 'data.workers': must be in [-1, 1024]"},
+      {"data.prefetch=4294967296", "key 'data.prefetch': must be in [1, 1024]"},
+      {"data.prefetch=1000000000000", "key 'data.prefetch'"},
+      {"trainer.epochs=9223372036854775807", "key 'trainer.epochs': must be in [0, 1000000]"},
+      {"trainer.max_steps=9223372036854775807", "key 'trainer.max_steps': must be in [0, 68719476736]"},
+      {"schedule.warmup_epochs=1e300", "key 'schedule.warmup_epochs'"},
+      {"schedule.warmup_steps=9223372036854775807", "key 'schedule.warmup_steps'"},
+      {"data.seq_len=9223372036854775807", "key 'data.seq_len': must be in [3, 1048576]"},
+      {"distributed.init_timeout_s=1e300", "key 'distributed.init_timeout_s': must be in (0, 604800]"},
+      {"distributed.timeout_s=1e300", "key 'distributed.timeout_s'"},
+      {"trainer.stop_grace_s=1e300", "key 'trainer.stop_grace_s'"},
+      {"distributed.bucket_mb=1e300", "key 'distributed.bucket_mb'"},
+      {"trainer.threads=2147483648", "key 'trainer.threads': must be in [0, 4096]"},
+      {"model.width=1e300", "key 'model.width': must be in (0, 64]"},
+      {"data.image_size=3000000000", "key 'data.image_size': must be in [0, 16384]"},
+      {"trainer.global_batch=4294967296", "key 'trainer.global_batch': must be in [1, 16777216]"},
+      {"model.vocab_size=9223372036854775807", "key 'model.vocab_size'"},
+      {"model.hidden_size=1000000", "key 'model.hidden_size'"},
+      {"data.pad_id=99999999999", "key 'data.pad_id'"},
+  };
+  for (const auto& [set, expected] : cases) {
+    INFO(set);
+    CHECK_THAT(config_error(kRequired, {set}), Contains("--set " + set + ": " + expected));
+  }
+  // The bounds themselves are accepted.
+  CHECK_NOTHROW(parse_config(kRequired, "test.yaml",
+                             {"data.workers=1024", "data.prefetch=1024", "trainer.threads=4096",
+                              "data.image_size=16384", "data.seq_len=1048576", "trainer.epochs=1000000",
+                              "distributed.init_timeout_s=604800", "model.width=64"}));
+}
+
+TEST_CASE("trainer.device: cuda:N takes a device index, not any digit string", "[config]") {
+  CHECK_THAT(config_error(kRequired, {"trainer.device=cuda:99999999999999999999"}),
+             Contains("--set trainer.device=cuda:99999999999999999999: key 'trainer.device': device index "
+                      "99999999999999999999 is out of range"));
+  CHECK_THAT(config_error(kRequired, {"trainer.device=cuda:1024"}), Contains("key 'trainer.device'"));
+  CHECK_THAT(config_error(kModelAndData + "trainer: {global_batch: 1, epochs: 1, device: 'cuda:2147483648'}\n"),
+             Contains("test.yaml:3:47: key 'trainer.device'"));
+  for (const std::string device : {"cuda:0", "cuda:7", "cuda:1023", "cuda:0007"})
+    CHECK(parse_config(kRequired, "test.yaml", {"trainer.device=" + device}).trainer.device == device);
+}
+
+TEST_CASE("BERT sizes the model cannot build are config errors naming the key and its line", "[config]") {
+  const std::string data_and_trainer =
+      "data: {kind: tokens, root: /d}\ntrainer: {global_batch: 8, max_steps: 1}\n";
+  // Heads that do not divide the hidden size (bert-tiny: H128 A2).
+  CHECK_THAT(config_error("model:\n  name: bert-mlm\n  preset: bert-tiny\n  heads: 3\n" + data_and_trainer),
+             Contains("test.yaml:4:10: key 'model.heads': 3 attention heads do not divide the hidden size 128 "
+                      "(model.preset bert-tiny's)"));
+  CHECK_THAT(config_error("model: {name: bert, preset: bert-tiny}\n" + data_and_trainer, {"model.heads=3"}),
+             Contains("--set model.heads=3: key 'model.heads'"));
+  // A hidden size that is not a multiple of the preset's heads (bert-base: A12).
+  CHECK_THAT(config_error("model:\n  name: bert-classifier\n  hidden_size: 7\n" + data_and_trainer),
+             Contains("test.yaml:3:16: key 'model.hidden_size': 7 is not a multiple of the 12 attention heads"));
+  // Both given: the heads are named.
+  CHECK_THAT(config_error("model: {name: bert-mlm, hidden_size: 100, heads: 8}\n" + data_and_trainer),
+             Contains("key 'model.heads': 8 attention heads do not divide the hidden size 100 (model.hidden_size)"));
+  // Longer samples than position embeddings.
+  CHECK_THAT(config_error("model: {name: bert-mlm, preset: bert-tiny, max_positions: 16}\n"
+                          "data:\n  kind: tokens\n  root: /d\n  seq_len: 32\n"
+                          "trainer: {global_batch: 8, max_steps: 1}\n"),
+             Contains("test.yaml:5:12: key 'data.seq_len': data.seq_len is 32 tokens per sample, more than the "
+                      "model's 16 position embeddings"));
+  // Sizes that fit; other models ignore the BERT keys.
+  CHECK_NOTHROW(parse_config("model: {name: bert-mlm, preset: bert-tiny, heads: 4, max_positions: 32}\n"
+                             "data: {kind: tokens, root: /d, seq_len: 32}\ntrainer: {global_batch: 8, max_steps: 1}\n",
+                             "test.yaml"));
+  CHECK_NOTHROW(parse_config("model: {name: bert, hidden_size: 96, heads: 12}\n" + data_and_trainer, "test.yaml"));
+  CHECK_NOTHROW(parse_config(kRequired, "test.yaml", {"model.heads=3"}));
 }
 
 TEST_CASE("to_yaml writes every key and round-trips exactly", "[config]") {

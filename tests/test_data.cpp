@@ -367,6 +367,38 @@ TEST_CASE("IDX errors name the file and what is wrong", "[data]") {
                Contains(dir.file("text")) && Contains("bad magic number"));
   }
 
+  SECTION("gzip: the magic number is checked after the first bytes, before the rest is inflated") {
+    // A label file read as images, followed by 1 MiB of incompressible bytes, with one byte of the
+    // compressed stream changed halfway: inflating it all ends in a CRC error, but the magic
+    // number comes first and is what is wrong.
+    std::vector<uint8_t> bytes = small_labels_file();
+    uint32_t x = 12345;
+    for (int i = 0; i < (1 << 20); ++i) {
+      x = x * 1664525u + 1013904223u;
+      bytes.push_back(static_cast<uint8_t>(x >> 24));
+    }
+    write_gz(dir.file("big.gz"), bytes);
+    std::vector<uint8_t> gz = read_bytes(dir.file("big.gz"));
+    gz[gz.size() / 2] ^= 0x5a;
+    write_plain(dir.file("big.gz"), gz);
+    const std::string message = data_error_message([&] { read_idx_images(dir.file("big.gz")); });
+    CHECK_THAT(message, Contains(dir.file("big.gz")) && Contains("bad magic number 0x00000801"));
+  }
+
+  SECTION("gzip: a header that declares more than the file can inflate to is truncated, up front") {
+    // 2^31 images of 28x28 (1.7 TB) declared in a gzip file of a few dozen bytes.
+    write_gz(dir.file("huge.gz"), idx_bytes({1u << 31, 28, 28}, std::vector<uint8_t>(100, 7)));
+    const std::string message = data_error_message([&] { read_idx_images(dir.file("huge.gz")); });
+    CHECK_THAT(message, Contains(dir.file("huge.gz")) && Contains("truncated") && Contains("2147483648x28x28") &&
+                            Contains("inflates to at most"));
+  }
+
+  SECTION("a named pipe is rejected without opening it") {
+    REQUIRE(::mkfifo(dir.file("fifo").c_str(), 0600) == 0);
+    const std::string message = data_error_message([&] { read_idx_labels(dir.file("fifo")); });
+    CHECK_THAT(message, Contains(dir.file("fifo")) && Contains("named pipe"));
+  }
+
   SECTION("label out of range") {
     write_plain(dir.file("lbls"), small_labels_file({1, 2, 10}));
     const std::string message = data_error_message([&] { read_idx_labels(dir.file("lbls")); });

@@ -115,6 +115,36 @@ TEST_CASE("plan: schedule length from epochs or max_steps", "[plan]") {
   CHECK_THROWS_WITH(finalize_schedule(p, c, 16), Catch::Contains("larger than the training set"));
 }
 
+TEST_CASE("plan: schedule arithmetic on the largest values the config allows neither wraps nor goes negative",
+          "[plan]") {
+  // The most epochs and warmup epochs the schema takes, over a training set of 2^40 samples at
+  // batch 1: epochs x steps per epoch is far above limits::kMaxSteps (and than int64 at 2^62).
+  Config c = base_config(1);
+  c.trainer.epochs = limits::kMaxEpochs;
+  c.schedule.warmup_epochs = static_cast<double>(limits::kMaxEpochs);
+  Plan p = make_plan(c, cpu_profile(), {});
+  CHECK_THROWS_AS(finalize_schedule(p, c, int64_t{1} << 40), ConfigError);
+  CHECK_THROWS_WITH(finalize_schedule(p, c, int64_t{1} << 40),
+                    Catch::Contains("key 'trainer.epochs'") && Catch::Contains("optimizer steps"));
+  CHECK_THROWS_AS(finalize_schedule(p, c, int64_t{1} << 62), ConfigError);
+
+  // With max_steps the run ends first: no error, and the warmup is capped by the run.
+  c.trainer.max_steps = limits::kMaxSteps;
+  p = make_plan(c, cpu_profile(), {});
+  finalize_schedule(p, c, int64_t{1} << 62);
+  CHECK(p.total_steps == limits::kMaxSteps);
+  CHECK(p.warmup_steps == limits::kMaxSteps);
+
+  // warmup_steps + warmup_epochs x steps per epoch (2^36 + 10^6 x 2^40, past int64 when summed
+  // as integers once the epoch is longer) is capped by the run length, never negative.
+  c.trainer.max_steps = 100;
+  c.schedule.warmup_steps = limits::kMaxSteps;
+  p = make_plan(c, cpu_profile(), {});
+  finalize_schedule(p, c, int64_t{1} << 40);
+  CHECK(p.total_steps == 100);
+  CHECK(p.warmup_steps == 100);
+}
+
 TEST_CASE("plan: text and JSON carry every decision", "[plan]") {
   const Plan p = make_plan(base_config(64), cpu_profile(), {});
   const std::string text = p.to_text();

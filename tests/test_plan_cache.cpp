@@ -54,3 +54,42 @@ TEST_CASE("plan cache: miss, store, hit, and what changed", "[plan][cache]") {
   CHECK_FALSE(cache.find(a100).has_value());
   files::remove_all(dir);
 }
+
+TEST_CASE("plan cache: an ill-typed or unreadable entry is a miss with a warning, never an error", "[plan][cache]") {
+  const std::string dir = files::make_temp_directory("train_plan_cache_");
+  PlanCache cache(dir);
+  const PlanCacheKey key = key_for("NVIDIA A100-SXM4-80GB");
+  MemoryEvidence m;
+  m.max_micro_batch = 64;
+  m.source = "probe";
+  cache.store(key, m, "run.yaml");
+  REQUIRE(cache.find(key).has_value());
+  const std::string entry = files::join(dir, key.hash() + ".json");
+  std::string latest;
+  for (const std::string& name : files::list_directory(dir)) {
+    if (name.rfind("latest-", 0) == 0) latest = files::join(dir, name);
+  }
+  REQUIRE_FALSE(latest.empty());
+
+  // Valid JSON with the wrong types: yaml-cpp's bad conversions used to escape find() and
+  // changes() and stop every `train fit` until the file was deleted.
+  for (const std::string& text :
+       {std::string("{\"format\":1,\"key\":{\"device\":[\"x\"]},\"evidence\":{}}"),
+        std::string("{\"format\":1,\"key\":{\"device\":\"NVIDIA A100-SXM4-80GB\",\"model\":\"11689512 params\","
+                    "\"precision\":\"bf16\"},\"evidence\":{\"fixed_bytes\":[1],\"per_sample_bytes\":1}}"),
+        std::string("{\"format\":[1]}"), std::string("[1, 2]"), std::string("\"just a string\"")}) {
+    INFO(text);
+    std::ofstream(entry) << text;
+    CHECK_FALSE(cache.find(key).has_value());
+  }
+  for (const std::string& text : {std::string("{\"device\":[\"x\"]}"), std::string("[1]"), std::string("{oops")}) {
+    INFO(text);
+    std::ofstream(latest) << text;
+    CHECK_NOTHROW(cache.changes(key, "run.yaml"));
+  }
+  // The next store overwrites the damaged entries.
+  cache.store(key, m, "run.yaml");
+  CHECK(cache.find(key).has_value());
+  CHECK(cache.changes(key, "run.yaml").empty());
+  files::remove_all(dir);
+}

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "train/config.h"
+#include "train/errors.h"
 #include "train/files.h"
 #include "train/models/model.h"
 #include "train/models/small.h"
@@ -83,8 +84,19 @@ TEST_CASE("mlp and lenet reject inputs that are not [B, C, 28, 28], naming the e
                       Catch::Contains(name + ": expected input [B, 1, 28, 28], got [2, 1, 32, 32]"));
     CHECK_THROWS_AS(model->forward(torch::randn({2, 3, 28, 28})), std::invalid_argument);
   }
-  CHECK_THROWS_AS(make_model(small_config("mlp", 0)), std::invalid_argument);
-  CHECK_THROWS_AS(make_model(small_config("lenet", 1, 0)), std::invalid_argument);
+  // The builders' std::invalid_argument reaches users of the registry as a config error.
+  CHECK_THROWS_AS(make_model(small_config("mlp", 0)), train::ConfigError);
+  CHECK_THROWS_WITH(make_model(small_config("lenet", 1, 0)),
+                    Catch::Contains("key 'model.name'") && Catch::Contains("num_classes must be >= 1"));
+  // The check made before a run, naming the key to change.
+  for (const std::string name : {"mlp", "lenet"}) {
+    auto model = make_model(small_config(name));
+    CHECK(model->input_problem({1, 28, 28}, 0).empty());
+    CHECK_THAT(model->input_problem({1, 8, 8}, 0),
+               Catch::Contains("key 'data.image_size': " + name + " is laid out for 28x28 images") &&
+                   Catch::Contains("8x8"));
+    CHECK_THAT(model->input_problem({16}, 50), Catch::Contains("key 'model.name'"));
+  }
 }
 
 TEST_CASE("mlp and lenet have the parameters of benchmarks/fit.py's Python models", "[models][python]") {

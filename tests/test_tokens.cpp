@@ -2,6 +2,8 @@
 // statistics and determinism, TokenDataset's packing, the loader on tokens, and data.kind: tokens.
 #include "testing.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <fstream>
@@ -241,7 +243,11 @@ TEST_CASE("Truncated and corrupt token files are errors naming the file", "[data
 
   CHECK_THAT(data_error([&] { TokenFile file(dir / "missing.tokens"); }),
              Contains(dir / "missing.tokens") && Contains("cannot open"));
-  CHECK_THAT(data_error([&] { TokenFile file(dir.path); }), Contains("not a regular file"));
+  CHECK_THAT(data_error([&] { TokenFile file(dir.path); }), Contains("is a directory, expected a token file"));
+  // A named pipe is rejected before open(), which would wait for a writer.
+  REQUIRE(::mkfifo((dir / "pipe.tokens").c_str(), 0600) == 0);
+  CHECK_THAT(data_error([&] { TokenFile file(dir / "pipe.tokens"); }),
+             Contains(dir / "pipe.tokens") && Contains("is a named pipe (FIFO)"));
   CHECK_THAT(error_for({}), Contains(bad) && Contains("truncated token file: 0 bytes"));
   CHECK_THAT(error_for(cut(100)), Contains(bad) && Contains("truncated token file: 100 bytes"));
   CHECK_THAT(error_for(cut(170)), Contains(bad) && Contains("truncated") && Contains("expected 176 bytes") &&

@@ -157,6 +157,12 @@ void verify_zip_members(const std::string& path) {
 
 torch::serialize::InputArchive open_archive(const std::string& path) {
   if (!files::exists(path)) throw CheckpointError(path + ": checkpoint file does not exist");
+  if (const std::string problem = files::input_file_problem(path); !problem.empty()) {
+    throw CheckpointError(path + ": " + problem + ", expected a checkpoint file");
+  }
+  if (const std::string problem = files::input_file_problem(sum_path(path)); !problem.empty()) {
+    throw CheckpointError(sum_path(path) + ": " + problem + ", expected a checksum file");
+  }
   verify_sum(path);
   if (!files::exists(sum_path(path))) verify_zip_members(path);
   torch::serialize::InputArchive archive;

@@ -153,6 +153,34 @@ int with_config_location(const Config& config, Body&& body) {
   }
 }
 
+// The message of the exception being handled, for one that is not a train::Error.
+std::string describe_current_exception() {
+  try {
+    throw;
+  } catch (const c10::Error& e) {
+    return std::string("LibTorch error: ") + e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+// --run-dir (or its default) must be a directory or something mkdir -p can create: a regular
+// file there, or on the way there, is a usage error found before anything runs.
+void check_run_dir(const std::string& run_dir) {
+  for (std::string path = run_dir;; path = files::parent(path)) {
+    if (files::exists(path)) {
+      if (!files::is_directory(path)) {
+        throw UsageError("--run-dir " + run_dir + ": " + (path == run_dir ? std::string() : path + " ") +
+                         "is a file, not a directory; give a directory (or a path to create)");
+      }
+      return;
+    }
+    if (files::parent(path) == path || files::parent(path) == ".") return;
+  }
+}
+
 // Bad input, as opposed to a runtime failure (a diverging loss, a full disk): a run stopped by it
 // leaves no trace in the run directory unless it got as far as a checkpoint.
 bool is_bad_input(const Error& e) {
@@ -237,6 +265,17 @@ int train_in_run_dir(const Config& config, RunParts& run, const std::string& run
                   peer->exit_code);
     }
     throw;
+  } catch (...) {
+    // Not one of train's errors (std::invalid_argument, c10::Error, std::bad_alloc from a library
+    // fed something that was not checked up front): it may well be bad input, so before the first
+    // checkpoint the run directory is put back as for bad input. run_cli maps it to exit 1.
+    const std::string what = describe_current_exception();
+    if (run.group && run.group->size() > 1) run.group->post_failure(kExitRuntime, true, what);
+    if (before && !before->has_new_checkpoint()) {
+      log::set_file("");
+      log::warn("the run stopped before its first checkpoint; " + before->restore());
+    }
+    throw;
   }
 }
 
@@ -245,6 +284,7 @@ int cmd_fit(const CommonArgs& args, std::string run_dir, const std::string& resu
   const Config config = load_config(args.config, args.sets);
   return with_config_location(config, [&] {
     if (run_dir.empty()) run_dir = default_run_dir(args.config);
+    check_run_dir(run_dir);
     const std::string ckpt_dir = files::join(run_dir, "checkpoints");
     if (resume.empty() && !latest_checkpoint(ckpt_dir).empty()) {
       throw UsageError("run directory " + run_dir + " already holds checkpoints; pass --resume auto to continue it, "
@@ -277,6 +317,7 @@ int cmd_fit(const CommonArgs& args, std::string run_dir, const std::string& resu
 int cmd_launch(const CommonArgs& args, int nproc, int master_port, const std::string& run_dir,
                const std::string& resume, const std::string& self) {
   load_config(args.config, args.sets);
+  check_run_dir(run_dir.empty() ? default_run_dir(args.config) : run_dir);
   std::vector<std::string> argv{self, "fit", args.config};
   for (const auto& s : args.sets) {
     argv.push_back("--set");
@@ -328,8 +369,8 @@ int run_cli(int argc, char** argv) {
   app.footer("Exit codes: 0 success; 1 bad data (a missing, truncated or malformed data file) or a runtime "
              "failure; 2 invalid usage, config or checkpoint; 3 stopped by SIGTERM/SIGINT/SIGUSR1 after a "
              "checkpoint (resume with --resume auto); 128+N stopped by signal N without a checkpoint (a second "
-             "signal 1 s or more after the first, or trainer.stop_grace_s exceeded). Bad input leaves no run "
-             "directory behind.");
+             "signal 1 s or more after the first, or trainer.stop_grace_s exceeded); 127 train launch could not "
+             "start a rank. Bad input leaves no run directory behind.");
 
   CommonArgs fit_args, eval_args, check_args, plan_args;
   std::string run_dir, resume, checkpoint;
@@ -347,7 +388,8 @@ int run_cli(int argc, char** argv) {
   auto* launch = app.add_subcommand("launch", "Train with N data-parallel ranks on this host (like torchrun)");
   add_common(launch, launch_args);
   launch->add_option("--nproc", nproc, "Number of ranks to start on this host")->required()->check(CLI::PositiveNumber);
-  launch->add_option("--master-port", master_port, "Rendezvous port (default: a free one)");
+  launch->add_option("--master-port", master_port, "Rendezvous port, 1-65535 (default or 0: a free one)")
+      ->check(CLI::Range(0, 65535));
   launch->add_option("--run-dir", launch_run_dir, "Run directory (default: runs/<config name>)");
   launch->add_option("--resume", launch_resume, "Checkpoint to resume from, or 'auto'")->type_name("PATH|auto");
 

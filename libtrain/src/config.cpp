@@ -25,6 +25,7 @@
 #include <utility>
 #include <variant>
 
+#include "models/bert_presets.h"
 #include "suggest.h"
 #include "train/errors.h"
 #include "train/files.h"
@@ -163,8 +164,13 @@ std::string check_device(const std::string& device) {
   const std::string prefix = "cuda:";
   const std::string index = device.substr(std::min(device.size(), prefix.size()));
   if (device.compare(0, prefix.size(), prefix) == 0 && !index.empty() &&
-      std::all_of(index.begin(), index.end(), [](unsigned char c) { return std::isdigit(c); }))
+      std::all_of(index.begin(), index.end(), [](unsigned char c) { return std::isdigit(c); })) {
+    const size_t first = std::min(index.find_first_not_of('0'), index.size() - 1);
+    if (index.size() - first > 4 || std::stoll(index.substr(first)) > limits::kMaxCudaIndex)
+      return "device index " + index + " is out of range; cuda:N takes N in [0, " +
+             std::to_string(limits::kMaxCudaIndex) + "]";
     return "";
+  }
   return "must be auto, cpu, cuda or cuda:N (N a device index), got '" + device + "'";
 }
 
@@ -187,9 +193,9 @@ std::vector<Key> build_schema() {
   using T = TrainerConfig;
   return {
       model("name", &M::name, "registry name of the network, e.g. resnet18").is_required(),
-      model("num_classes", &M::num_classes, "number of output classes").at_least(1),
-      model("in_channels", &M::in_channels, "channels of the input images").at_least(1),
-      model("width", &M::width, "channel width multiplier (1.0 = torchvision's widths)").above(0),
+      model("num_classes", &M::num_classes, "number of output classes").at_least(1).at_most(limits::kMaxClasses),
+      model("in_channels", &M::in_channels, "channels of the input images").at_least(1).at_most(limits::kMaxChannels),
+      model("width", &M::width, "channel width multiplier (1.0 = torchvision's widths)").above(0).at_most(limits::kMaxWidth),
       model("small_input", &M::small_input,
             "3x3 stride-1 stem without max-pool, for 28x28 / 32x32 images"),
       model("init_from", &M::init_from,
@@ -202,16 +208,25 @@ std::vector<Key> build_schema() {
             "BERT sizes: bert-base (L12 H768 A12), bert-small (L4 H512 A8), bert-mini (L4 H256 A4), "
             "bert-tiny (L2 H128 A2), minilm-l6 (L6 H384 A12); vocab 30522, 512 positions")
           .one_of({"bert-base", "bert-small", "bert-mini", "bert-tiny", "minilm-l6"}),
-      model("vocab_size", &M::vocab_size, "BERT: vocabulary size (must match the vocab file); 0 = the preset's")
-          .at_least(0),
-      model("hidden_size", &M::hidden_size, "BERT: hidden size; 0 = the preset's").at_least(0),
-      model("layers", &M::layers, "BERT: encoder layers; 0 = the preset's").at_least(0),
-      model("heads", &M::heads, "BERT: attention heads (divides hidden_size); 0 = the preset's").at_least(0),
+      model("vocab_size", &M::vocab_size,
+            "BERT: vocabulary size (at least the data's: the vocab file's or the token file's); 0 = the preset's")
+          .at_least(0)
+          .at_most(limits::kMaxVocab),
+      model("hidden_size", &M::hidden_size, "BERT: hidden size (a multiple of heads); 0 = the preset's")
+          .at_least(0)
+          .at_most(limits::kMaxHidden),
+      model("layers", &M::layers, "BERT: encoder layers; 0 = the preset's").at_least(0).at_most(limits::kMaxLayers),
+      model("heads", &M::heads, "BERT: attention heads (divides hidden_size); 0 = the preset's")
+          .at_least(0)
+          .at_most(limits::kMaxHidden),
       model("intermediate_size", &M::intermediate_size,
             "BERT: feed-forward size; 0 = the preset's (4 x hidden_size when hidden_size is set)")
-          .at_least(0),
-      model("max_positions", &M::max_positions, "BERT: position embeddings (longest sequence); 0 = the preset's")
-          .at_least(0),
+          .at_least(0)
+          .at_most(limits::kMaxIntermediate),
+      model("max_positions", &M::max_positions,
+            "BERT: position embeddings (longest sequence; at least data.seq_len); 0 = the preset's")
+          .at_least(0)
+          .at_most(limits::kMaxSeqLen),
       model("dropout", &M::dropout, "BERT: hidden and attention dropout").at_least(0).below(1),
       model("attention", &M::attention,
             "BERT: fused = scaled_dot_product_attention (LibTorch 2.0+), plain = written-out softmax "
@@ -232,30 +247,38 @@ std::vector<Key> build_schema() {
       data("image_size", &D::image_size,
            "image height = width (image_folder: the crop size); 0 = the dataset's own size "
            "(synthetic: 32, image_folder: 224)")
-          .at_least(0),
+          .at_least(0)
+          .at_most(limits::kMaxImageSize),
       data("resize_size", &D::resize_size,
            "image_folder validation: shorter side after resizing, before the center crop of "
            "image_size; 0 = round(image_size / 0.875)")
-          .at_least(0),
+          .at_least(0)
+          .at_most(2 * limits::kMaxImageSize),
       data("crop_min_scale", &D::crop_min_scale,
            "image_folder training: smallest area fraction of the random resized crop")
           .above(0)
           .at_most(1),
-      data("channels", &D::channels, "synthetic: channels per image").at_least(1),
+      data("channels", &D::channels, "synthetic: channels per image").at_least(1).at_most(limits::kMaxChannels),
       data("synthetic_train_samples", &D::synthetic_train_samples, "synthetic: training samples")
-          .at_least(1),
+          .at_least(1)
+          .at_most(limits::kMaxSamples),
       data("synthetic_val_samples", &D::synthetic_val_samples, "synthetic: validation samples")
-          .at_least(1),
+          .at_least(1)
+          .at_most(limits::kMaxSamples),
       data("mean", &D::mean, "per-channel normalisation mean; empty = no normalisation"),
       data("std", &D::std, "per-channel normalisation std; same length as mean").above(0),
       data("random_crop", &D::random_crop,
            "pad by crop_padding, then take a random crop of the original size"),
-      data("crop_padding", &D::crop_padding, "padding in pixels for random_crop").at_least(0),
+      data("crop_padding", &D::crop_padding, "padding in pixels for random_crop").at_least(0).at_most(limits::kMaxImageSize),
       data("random_flip", &D::random_flip, "random horizontal flip with p = 0.5"),
       data("shuffle", &D::shuffle, "shuffle the training set every epoch"),
       data("drop_last", &D::drop_last, "drop the last incomplete training batch of an epoch"),
-      data("workers", &D::workers, "loader worker threads; -1 = let the plan decide, and add workers while the training step waits for data (more than 5% of a logging window)").at_least(-1),
-      data("prefetch", &D::prefetch, "batches prefetched per worker").at_least(1),
+      data("workers", &D::workers,
+           "loader worker threads; -1 = let the plan decide, and add workers while the training step waits for "
+           "data (more than 5% of a logging window)")
+          .at_least(-1)
+          .at_most(limits::kMaxWorkers),
+      data("prefetch", &D::prefetch, "batches prefetched per worker").at_least(1).at_most(limits::kMaxPrefetch),
       data("on_error", &D::on_error,
            "a sample that fails to load (corrupt file): raise = stop with an error naming it; "
            "skip = replace it by the next sample that loads, count and log it")
@@ -269,21 +292,35 @@ std::vector<Key> build_schema() {
       data("vocab_file", &D::vocab_file,
            "tokens, tsv: BERT vocab.txt giving vocab_size and the [PAD] [UNK] [CLS] [SEP] [MASK] ids; "
            "relative to root; empty = from the token file"),
-      data("seq_len", &D::seq_len, "tokens, tsv: tokens per sample, [CLS] and [SEP] included (tsv: longer texts are truncated)").at_least(3),
+      data("seq_len", &D::seq_len,
+           "tokens, tsv: tokens per sample, [CLS] and [SEP] included (tsv: longer texts are truncated); at most "
+           "model.max_positions for BERT")
+          .at_least(3)
+          .at_most(limits::kMaxSeqLen),
       data("pack", &D::pack,
            "tokens: concatenate documents into full sequences; false = one padded sample per document"),
       data("vocab_size", &D::vocab_size,
-           "tokens: logits per position; 0 = the vocab file's, else the token file's").at_least(0),
+           "tokens: logits per position (at least the token file's vocabulary); 0 = the vocab file's, else the "
+           "token file's")
+          .at_least(0)
+          .at_most(limits::kMaxVocab),
       data("pad_id", &D::pad_id,
            "tokens: [PAD] id (the model's attention mask is input != pad_id); -1 = from vocab_file, "
            "else the token file")
-          .at_least(-1),
+          .at_least(-1)
+          .below(limits::kMaxVocab),
       data("unk_id", &D::unk_id, "tokens: [UNK] id, never masked; -1 = from vocab_file, else the token file")
-          .at_least(-1),
-      data("cls_id", &D::cls_id, "tokens: [CLS] id; -1 = from vocab_file, else the token file").at_least(-1),
-      data("sep_id", &D::sep_id, "tokens: [SEP] id; -1 = from vocab_file, else the token file").at_least(-1),
+          .at_least(-1)
+          .below(limits::kMaxVocab),
+      data("cls_id", &D::cls_id, "tokens: [CLS] id; -1 = from vocab_file, else the token file")
+          .at_least(-1)
+          .below(limits::kMaxVocab),
+      data("sep_id", &D::sep_id, "tokens: [SEP] id; -1 = from vocab_file, else the token file")
+          .at_least(-1)
+          .below(limits::kMaxVocab),
       data("mask_id", &D::mask_id, "tokens: [MASK] id; -1 = from vocab_file, else the token file")
-          .at_least(-1),
+          .at_least(-1)
+          .below(limits::kMaxVocab),
       data("mask_prob", &D::mask_prob, "tokens: share of the non-special tokens selected for MLM")
           .above(0)
           .at_most(1),
@@ -321,10 +358,13 @@ std::vector<Key> build_schema() {
           .one_of({"auto", "fused", "foreach", "loop"}),
 
       schedule("name", &S::name, "learning-rate schedule").one_of({"constant", "cosine", "step"}),
-      schedule("warmup_steps", &S::warmup_steps, "linear warmup, in optimizer steps").at_least(0),
+      schedule("warmup_steps", &S::warmup_steps, "linear warmup, in optimizer steps")
+          .at_least(0)
+          .at_most(limits::kMaxSteps),
       schedule("warmup_epochs", &S::warmup_epochs,
                "linear warmup in epochs; converted to steps and added to warmup_steps")
-          .at_least(0),
+          .at_least(0)
+          .at_most(limits::kMaxEpochs),
       schedule("min_lr_ratio", &S::min_lr_ratio, "cosine: floor as a fraction of the peak lr")
           .at_least(0)
           .at_most(1),
@@ -342,28 +382,35 @@ std::vector<Key> build_schema() {
           .below(1),
 
       trainer("epochs", &T::epochs, "epochs to train; 0 = not set (set epochs, max_steps or both)")
-          .at_least(0),
+          .at_least(0)
+          .at_most(limits::kMaxEpochs),
       trainer("max_steps", &T::max_steps,
               "optimizer steps to train; 0 = not set; with epochs, whichever ends first")
-          .at_least(0),
+          .at_least(0)
+          .at_most(limits::kMaxSteps),
       trainer("global_batch", &T::global_batch, "samples per optimizer step, summed over all ranks")
           .at_least(1)
+          .at_most(limits::kMaxBatch)
           .is_required(),
       trainer("eval_every_steps", &T::eval_every_steps,
               "evaluate every N steps; 0 = at the end of every epoch (and of training)")
-          .at_least(0),
+          .at_least(0)
+          .at_most(limits::kMaxSteps),
       trainer("eval_batch", &T::eval_batch, "evaluation batch size; 0 = the plan's micro-batch")
-          .at_least(0),
+          .at_least(0)
+          .at_most(limits::kMaxBatch),
       trainer("seed", &T::seed, "random seed").at_least(0),
       trainer("device", &T::device, "device to train on; auto = cuda when available, else cpu")
           .checked_by(check_device, "`auto`, `cpu`, `cuda`, `cuda:N`"),
       trainer("threads", &T::threads,
               "intra-op CPU threads; 0 = the cores available to the process")
-          .at_least(0),
+          .at_least(0)
+          .at_most(limits::kMaxThreads),
       trainer("stop_grace_s", &T::stop_grace_s,
               "after SIGTERM/SIGINT/SIGUSR1, seconds to finish the step and write a checkpoint before exiting "
               "anyway, without one (exit 128 + the signal)")
-          .above(0),
+          .above(0)
+          .at_most(limits::kMaxSeconds),
       trainer("on_nonfinite", &T::on_nonfinite,
               "a non-finite loss (without loss scaling; with it the scaler skips the step): stop = exit 1 "
               "naming the step and the first parameter with a non-finite gradient, before the weights "
@@ -371,7 +418,8 @@ std::vector<Key> build_schema() {
           .one_of({"stop", "rollback"}),
       trainer("max_rollbacks", &T::max_rollbacks,
               "on_nonfinite rollback: rollbacks allowed in one run before it stops as with `stop`")
-          .at_least(1),
+          .at_least(1)
+          .at_most(1000000),
 
       tuning("device", &TuningConfig::device,
              "plan for this named device profile instead of the detected one (train plan --device)"),
@@ -383,16 +431,20 @@ std::vector<Key> build_schema() {
           .one_of({"linear", "sqrt", "none"}),
       tuning("base_batch", &TuningConfig::base_batch,
              "the global batch optim.lr was tuned for; 0 = trainer.global_batch")
-          .at_least(0),
+          .at_least(0)
+          .at_most(limits::kMaxBatch),
       tuning("max_global_batch", &TuningConfig::max_global_batch,
              "scale mode: upper bound for the grown global batch; 0 = 32 x base_batch")
-          .at_least(0),
+          .at_least(0)
+          .at_most(limits::kMaxBatch),
       tuning("micro_batch", &TuningConfig::micro_batch,
              "per-device micro-batch (at most global_batch); 0 = the plan chooses")
-          .at_least(0),
+          .at_least(0)
+          .at_most(limits::kMaxBatch),
       tuning("max_micro_batch", &TuningConfig::max_micro_batch,
              "upper bound for the plan's micro-batch choice; 0 = none")
-          .at_least(0),
+          .at_least(0)
+          .at_most(limits::kMaxBatch),
       tuning("probe", &TuningConfig::probe,
              "measure memory and throughput to choose the micro-batch on a GPU"),
       tuning("memory_fraction", &TuningConfig::memory_fraction,
@@ -418,14 +470,17 @@ std::vector<Key> build_schema() {
 
       checkpoint("every_steps", &CheckpointConfig::every_steps,
                  "save a checkpoint every N optimizer steps; 0 = only at the end")
-          .at_least(0),
+          .at_least(0)
+          .at_most(limits::kMaxSteps),
       checkpoint("keep_last", &CheckpointConfig::keep_last,
                  "periodic checkpoints kept on disk (the final one is always kept)")
-          .at_least(1),
+          .at_least(1)
+          .at_most(1000000),
 
       logging("every_steps", &LoggingConfig::every_steps,
               "training metrics cadence (console, metrics.jsonl, TensorBoard), in optimizer steps")
-          .at_least(1),
+          .at_least(1)
+          .at_most(limits::kMaxSteps),
       logging("level", &LoggingConfig::level, "console log level")
           .one_of({"trace", "debug", "info", "warn", "error"}),
       logging("jsonl", &LoggingConfig::jsonl, "write metrics.jsonl in the run directory"),
@@ -437,16 +492,20 @@ std::vector<Key> build_schema() {
           .one_of({"auto", "nccl", "gloo"}),
       distributed("timeout_s", &DistributedConfig::timeout_s,
                   "seconds before a collective that a peer never joins fails (a dead or hung rank)")
-          .above(0),
+          .above(0)
+          .at_most(limits::kMaxSeconds),
       distributed("init_timeout_s", &DistributedConfig::init_timeout_s,
                   "seconds the rendezvous waits for every rank to join")
-          .above(0),
+          .above(0)
+          .at_most(limits::kMaxSeconds),
       distributed("bucket_mb", &DistributedConfig::bucket_mb,
                   "gradient bucket size in MiB; each bucket is all-reduced as soon as its gradients are ready")
-          .above(0),
+          .above(0)
+          .at_most(limits::kMaxBucketMib),
       distributed("first_bucket_mb", &DistributedConfig::first_bucket_mb,
                   "size of the first bucket (the last layers' gradients, ready first) in MiB")
-          .above(0),
+          .above(0)
+          .at_most(limits::kMaxBucketMib),
       distributed("find_unused_parameters", &DistributedConfig::find_unused_parameters,
                   "a parameter some rank left without a gradient counts as zero there; one no rank used is not "
                   "stepped (as in PyTorch's DDP); false = such a parameter is an error"),
@@ -579,13 +638,17 @@ const char* type_name(Type type) {
   return "";
 }
 
-// "> 0", "<= 1", "[0, 1)"; empty when the key has no bounds.
+// "> 0", "<= 1", "[0, 1)"; empty when the key has no bounds. An int key's bounds are written as
+// ints (16777216, not 1.6777216e+07), as the key takes them.
 std::string describe_range(const Key& key) {
+  const auto bound = [&key](double v) {
+    return key.type == Type::Int ? std::to_string(static_cast<int64_t>(v)) : format_number(v);
+  };
   if (key.lower && key.upper)
-    return std::string(key.lower->inclusive ? "[" : "(") + format_number(key.lower->value) + ", " +
-           format_number(key.upper->value) + (key.upper->inclusive ? "]" : ")");
-  if (key.lower) return (key.lower->inclusive ? ">= " : "> ") + format_number(key.lower->value);
-  if (key.upper) return (key.upper->inclusive ? "<= " : "< ") + format_number(key.upper->value);
+    return std::string(key.lower->inclusive ? "[" : "(") + bound(key.lower->value) + ", " + bound(key.upper->value) +
+           (key.upper->inclusive ? "]" : ")");
+  if (key.lower) return (key.lower->inclusive ? ">= " : "> ") + bound(key.lower->value);
+  if (key.upper) return (key.upper->inclusive ? "<= " : "< ") + bound(key.upper->value);
   return "";
 }
 
@@ -761,6 +824,7 @@ class ConfigBuilder {
     set_at_[key.path] = where;
   }
   void apply_section(const std::string& section, const YAML::Node& body, const Origin& origin);
+  void check_bert_sizes() const;
 
   // Where a key was last set; the file name when it was never set.
   std::string where_set(const std::string& path) const {
@@ -797,8 +861,8 @@ std::string key_name(const YAML::Node& key, const std::string& parent, const Ori
 // stray ',' (yaml-cpp issue 1040): its parser keeps reporting an empty document at the same
 // position, and memory grows until the process is killed. Walk the documents with a parser that
 // builds nothing first, and stop with an error where a document starts where the previous one
-// did. Syntax errors are left for LoadAll to report.
-void reject_stalled_yaml(const std::string& text, const Origin& origin) {
+// did. Syntax errors are left for LoadAll to report. Returns where it stalled and the problem.
+std::optional<std::pair<YAML::Mark, std::string>> find_stalled_yaml(const std::string& text) {
   struct DocumentStarts : YAML::EventHandler {
     std::optional<YAML::Mark> previous;
     std::optional<YAML::Mark> stalled;
@@ -821,19 +885,20 @@ void reject_stalled_yaml(const std::string& text, const Origin& origin) {
     while (!starts.stalled && parser.HandleNextDocument(starts)) {
     }
   } catch (const YAML::Exception&) {
-    return;
+    return std::nullopt;
   }
-  if (!starts.stalled) return;
+  if (!starts.stalled) return std::nullopt;
   const size_t pos = static_cast<size_t>(starts.stalled->pos);
   const unsigned char c = pos < text.size() ? static_cast<unsigned char>(text[pos]) : 0;
-  throw ConfigError(origin.at(*starts.stalled) + ": invalid YAML: unexpected " +
-                    (std::isgraph(c) ? "'" + std::string(1, static_cast<char>(c)) + "'" : std::string("character")));
+  return std::make_pair(*starts.stalled, "unexpected " + (std::isgraph(c) ? "'" + std::string(1, static_cast<char>(c)) + "'"
+                                                                          : std::string("character")));
 }
 
 void ConfigBuilder::apply_document(const std::string& text) {
   const Origin origin{source_, true};
   std::vector<YAML::Node> documents;
-  reject_stalled_yaml(text, origin);
+  if (const auto stalled = find_stalled_yaml(text))
+    throw ConfigError(origin.at(stalled->first) + ": invalid YAML: " + stalled->second);
   try {
     documents = YAML::LoadAll(text);
   } catch (const YAML::Exception& e) {
@@ -894,12 +959,23 @@ void ConfigBuilder::apply_override(const std::string& assignment) {
     throw ConfigError(origin.source + ": empty key; expected key=value, e.g. --set optim.lr=0.1");
   const Key* key = find_key(path);
   if (!key) fail(origin.source, path, unknown_path_problem(path));
-  YAML::Node value;
+  // The whole value must be one YAML value: text after it ("[0.5] junk", "'mlp' junk") is an
+  // error, not dropped, and so is a stray ',' (which also stalls yaml-cpp 0.7, see above).
+  const std::string text = assignment.substr(equals + 1);
+  if (const auto stalled = find_stalled_yaml(text)) fail(origin.source, path, "invalid YAML value: " + stalled->second);
+  std::vector<YAML::Node> documents;
   try {
-    value = YAML::Load(assignment.substr(equals + 1));
+    documents = YAML::LoadAll(text);
   } catch (const YAML::Exception& e) {
     fail(origin.source, path, "invalid YAML value: " + e.msg);
   }
+  if (documents.size() > 1) {
+    const size_t pos = std::min(text.size(), static_cast<size_t>(std::max(0, documents[1].Mark().pos)));
+    fail(origin.source, path,
+         "unexpected text after the value: '" + trim(text.substr(pos)) +
+             "'; quote the whole value if it is one string (--set 'key=\"a b\"')");
+  }
+  const YAML::Node value = documents.empty() ? YAML::Node() : documents.front();
   assign(*key, value, origin.source, origin);
 }
 
@@ -962,6 +1038,8 @@ Config ConfigBuilder::validated() const {
            "must be strictly increasing, got " + format_number(milestones[i]) + " after " +
                format_number(milestones[i - 1]));
 
+  check_bert_sizes();
+
   const TuningConfig& tuning = config_.tuning;
   if (tuning.micro_batch > 0 && tuning.micro_batch > trainer.global_batch)
     fail(where_set("tuning.micro_batch"), "tuning.micro_batch",
@@ -975,6 +1053,45 @@ Config ConfigBuilder::validated() const {
   Config config = config_;
   config.origins = set_at_;
   return config;
+}
+
+// The BERT sizes that the model would reject when it is built: checked here, so that `train check`
+// finds them and the message points at the key's line.
+void ConfigBuilder::check_bert_sizes() const {
+  const ModelConfig& model = config_.model;
+  if (!models::detail::is_bert_model(model.name)) return;
+  const models::detail::BertPresetSizes* preset = models::detail::find_bert_preset(model.preset);
+  if (!preset) return;  // model.preset is an enum of the presets
+  const std::string from_preset = " (model.preset " + model.preset + "'s)";
+  const int64_t hidden = model.hidden_size > 0 ? model.hidden_size : preset->hidden;
+  const int64_t heads = model.heads > 0 ? model.heads : preset->heads;
+  if (hidden % heads != 0) {
+    // Name the key the user gave; with both given, the heads (the smaller change).
+    const bool heads_given = model.heads > 0 && set_at_.count("model.heads");
+    std::vector<std::string> divisors;
+    for (int64_t d = 1; d <= hidden && d <= 64; ++d)
+      if (hidden % d == 0) divisors.push_back(std::to_string(d));
+    if (heads_given)
+      fail(where_set("model.heads"), "model.heads",
+           std::to_string(heads) + " attention heads do not divide the hidden size " + std::to_string(hidden) +
+               (model.hidden_size > 0 ? " (model.hidden_size)" : from_preset) +
+               "; each head takes hidden_size / heads features. Heads that divide it: " + join(divisors, ", "));
+    fail(where_set("model.hidden_size"), "model.hidden_size",
+         std::to_string(hidden) + " is not a multiple of the " + std::to_string(heads) + " attention heads" +
+             (model.heads > 0 ? " (model.heads)" : from_preset) + "; set it to a multiple of " +
+             std::to_string(heads) + " or set model.heads");
+  }
+  const DataConfig& data = config_.data;
+  const int64_t positions = model.max_positions > 0 ? model.max_positions : models::detail::kBertPresetPositions;
+  if ((data.kind == "tokens" || data.kind == "tsv") && data.seq_len > positions) {
+    const bool only_positions_given = set_at_.count("model.max_positions") && !set_at_.count("data.seq_len");
+    const std::string path = only_positions_given ? "model.max_positions" : "data.seq_len";
+    fail(where_set(path), path,
+         "data.seq_len is " + std::to_string(data.seq_len) + " tokens per sample, more than the model's " +
+             std::to_string(positions) + " position embeddings (model.max_positions" +
+             (model.max_positions > 0 ? "" : ", the preset's") +
+             "); lower data.seq_len or raise model.max_positions");
+  }
 }
 
 // ---- Reference ---------------------------------------------------------------------------------
@@ -1037,6 +1154,10 @@ std::string locate_config_error(const Config& config, const std::string& message
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
   if (files::is_directory(path))
     throw ConfigError(path + ": is a directory, expected a YAML config file");
+  // A FIFO or a terminal would block the read until someone writes to it; /dev/stdin is read
+  // on purpose (`train check /dev/stdin < run.yaml`).
+  if (const std::string problem = files::input_file_problem(path); !problem.empty() && path != "/dev/stdin")
+    throw ConfigError(path + ": " + problem + ", expected a YAML config file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ConfigError(path + ": cannot open config file (" + std::strerror(errno) + ")");
   std::ostringstream text;

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
@@ -15,6 +16,7 @@
 
 #include "compat.h"
 #include "suggest.h"
+#include "train/config.h"
 #include "train/errors.h"
 
 #ifdef TRAIN_WITH_CUDA
@@ -381,7 +383,18 @@ DeviceProfile detect_device(const std::string& request, int local_rank) {
     if (want_cuda) index = local_rank % p.visible_gpus;
   } else if (request.rfind("cuda", 0) == 0) {
     want_cuda = true;
-    if (request.size() > 5) index = std::stoi(request.substr(5));
+    if (request.size() > 5) {
+      // The config allows cuda:N up to limits::kMaxCudaIndex; a request from elsewhere is checked here.
+      const std::string digits = request.substr(5);
+      int64_t parsed = -1;
+      const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), parsed);
+      if (request[4] != ':' || error != std::errc() || end != digits.data() + digits.size() || parsed < 0 ||
+          parsed > limits::kMaxCudaIndex) {
+        throw ConfigError("key 'trainer.device': '" + request + "' is not auto, cpu, cuda or cuda:N with N in [0, " +
+                          std::to_string(limits::kMaxCudaIndex) + "]");
+      }
+      index = static_cast<int>(parsed);
+    }
     if (p.visible_gpus == 0) {
       throw ConfigError("key 'trainer.device': '" + request +
                         "' requested but no CUDA device is visible (LibTorch " + p.torch_version +

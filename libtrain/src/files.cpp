@@ -40,6 +40,17 @@ int64_t file_size(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : -1;
 }
 
+std::string input_file_problem(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode)) return "";
+  if (S_ISDIR(st.st_mode)) return "is a directory";
+  if (S_ISFIFO(st.st_mode)) return "is a named pipe (FIFO)";
+  if (S_ISCHR(st.st_mode)) return "is a character device";
+  if (S_ISBLK(st.st_mode)) return "is a block device";
+  if (S_ISSOCK(st.st_mode)) return "is a socket";
+  return "is not a regular file";
+}
+
 void make_directories(const std::string& path) {
   if (path.empty() || is_directory(path)) return;
   const std::string up = parent(path);

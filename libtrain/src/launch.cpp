@@ -77,6 +77,10 @@ int free_port(const std::string& host) {
 int launch_local(const std::vector<std::string>& argv, const LaunchOptions& options) {
   if (options.nproc < 1) throw UsageError("launch: --nproc must be at least 1, got " + std::to_string(options.nproc));
   if (argv.empty()) throw UsageError("launch: no program to run");
+  if (options.master_port < 0 || options.master_port > 65535) {
+    throw UsageError("launch: --master-port must be a port in 1-65535 (or 0 for a free one), got " +
+                     std::to_string(options.master_port));
+  }
   const int port = options.master_port > 0 ? options.master_port : free_port(options.master_addr);
   log::info(log::str("launch: ", options.nproc, " ranks on this host, rendezvous at ", options.master_addr, ":", port));
 

@@ -266,14 +266,29 @@ void finalize_schedule(Plan& plan, const Config& config, int64_t train_samples) 
     throw ConfigError("key 'trainer.global_batch': " + std::to_string(plan.global_batch) +
                       " is larger than the training set (" + std::to_string(train_samples) + " samples)");
   }
-  const int64_t from_epochs = config.trainer.epochs * plan.steps_per_epoch;
+  // The config bounds epochs and max_steps (limits::kMaxEpochs, kMaxSteps); the product with the
+  // epoch length is checked here, so that the step count is never wrapped or absurd.
+  int64_t from_epochs = 0;
+  if (__builtin_mul_overflow(config.trainer.epochs, plan.steps_per_epoch, &from_epochs) ||
+      from_epochs > limits::kMaxSteps) {
+    if (config.trainer.max_steps == 0) {
+      throw ConfigError("key 'trainer.epochs': " + std::to_string(config.trainer.epochs) + " epochs of " +
+                        std::to_string(plan.steps_per_epoch) + " steps are more than " +
+                        std::to_string(limits::kMaxSteps) + " optimizer steps; train fewer epochs or set "
+                        "trainer.max_steps");
+    }
+    from_epochs = limits::kMaxSteps + 1;  // max_steps (<= kMaxSteps) ends the run first
+  }
   if (config.trainer.max_steps > 0 && (from_epochs == 0 || config.trainer.max_steps < from_epochs)) {
     plan.total_steps = config.trainer.max_steps;
   } else {
     plan.total_steps = from_epochs;
   }
-  plan.warmup_steps = config.schedule.warmup_steps +
-                      static_cast<int64_t>(std::llround(config.schedule.warmup_epochs * plan.steps_per_epoch));
+  // In floating point, then capped by the run's length: warmup_epochs x a long epoch may exceed
+  // any integer, and the warmup never outlasts the run anyway.
+  const double warmup = static_cast<double>(config.schedule.warmup_steps) +
+                        std::round(config.schedule.warmup_epochs * static_cast<double>(plan.steps_per_epoch));
+  plan.warmup_steps = warmup >= static_cast<double>(plan.total_steps) ? plan.total_steps : static_cast<int64_t>(warmup);
   std::string warmup_reason = "schedule.warmup_steps + warmup_epochs x steps/epoch";
   if (plan.lr_scale > 1.0 && plan.warmup_steps == 0) {
     // A scaled-up LR needs a gradual warmup (Goyal et al. 2017 use 5 epochs).

@@ -2,15 +2,18 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <map>
 #include <sstream>
+#include <stdexcept>
 
 #include "atomic_file.h"
 #include "train/files.h"
+#include "train/log.h"
 #include "train/metrics.h"
 
 namespace train {
@@ -61,12 +64,25 @@ std::map<std::string, std::string> read_key(const YAML::Node& node) {
   return out;
 }
 
-YAML::Node load(const std::string& path) {
-  if (!files::is_regular_file(path)) return {};
+// A damaged cache entry is a miss, never an error: an entry that cannot be read or parsed, or
+// whose fields have the wrong types, is ignored with a warning naming it (the next store
+// overwrites it).
+void warn_damaged(const std::string& path, const std::string& why) {
+  log::warn("plan cache: ignoring " + path + " (" + why + "); it is treated as a miss and rewritten");
+}
+
+// The entry at `path`; none when there is none (a plain miss) or it is unreadable (with a warning).
+std::optional<YAML::Node> load(const std::string& path) {
+  if (!files::exists(path)) return std::nullopt;
+  if (const std::string problem = files::input_file_problem(path); !problem.empty()) {
+    warn_damaged(path, problem);
+    return std::nullopt;
+  }
   try {
     return YAML::LoadFile(path);
-  } catch (const YAML::Exception&) {
-    return {};  // a damaged cache entry is a miss, never an error
+  } catch (const std::exception& e) {
+    warn_damaged(path, e.what());
+    return std::nullopt;
   }
 }
 
@@ -77,12 +93,19 @@ std::string PlanCacheKey::hash() const { return hex(fnv1a(key_json(*this))); }
 PlanCache::PlanCache(const std::string& dir) : dir_(dir.empty() ? default_dir() : dir) {}
 
 std::optional<MemoryEvidence> PlanCache::find(const PlanCacheKey& key) const {
-  const YAML::Node doc = load(files::join(dir_, key.hash() + ".json"));
-  if (!doc || !doc.IsMap() || !doc["format"] || doc["format"].as<int>(0) != kCacheFormat) return std::nullopt;
-  // Guard against hash collisions: the stored key must be the same key.
-  std::map<std::string, std::string> expected(key.fields.begin(), key.fields.end());
-  if (read_key(doc["key"]) != expected) return std::nullopt;
+  const std::string path = files::join(dir_, key.hash() + ".json");
+  const std::optional<YAML::Node> entry = load(path);
+  if (!entry) return std::nullopt;
+  const YAML::Node& doc = *entry;
   try {
+    if (!doc.IsMap() || !doc["format"]) {
+      warn_damaged(path, "not a plan cache entry");
+      return std::nullopt;
+    }
+    if (doc["format"].as<int>(0) != kCacheFormat) return std::nullopt;  // another version's entry
+    // Guard against hash collisions: the stored key must be the same key.
+    std::map<std::string, std::string> expected(key.fields.begin(), key.fields.end());
+    if (read_key(doc["key"]) != expected) return std::nullopt;
     MemoryEvidence m;
     const YAML::Node e = doc["evidence"];
     m.fixed_bytes = e["fixed_bytes"].as<int64_t>();
@@ -93,8 +116,12 @@ std::optional<MemoryEvidence> PlanCache::find(const PlanCacheKey& key) const {
     m.source = "plan cache " + key.hash() + ", from " + e["source"].as<std::string>();
     for (const auto& p : e["throughput"]) m.throughput.emplace_back(p[0].as<int64_t>(), p[1].as<double>());
     m.throughput_choice = e["throughput_choice"].as<int64_t>();
+    bool sane = std::isfinite(m.per_sample_bytes) && m.max_micro_batch >= 0 && m.throughput_choice >= 0;
+    for (const auto& [batch, rate] : m.throughput) sane = sane && batch > 0 && std::isfinite(rate) && rate >= 0;
+    if (!sane) throw std::runtime_error("a negative micro-batch or a non-finite number in its evidence");
     return m;
-  } catch (const YAML::Exception&) {
+  } catch (const std::exception& e) {
+    warn_damaged(path, e.what());
     return std::nullopt;
   }
 }
@@ -120,9 +147,18 @@ void PlanCache::store(const PlanCacheKey& key, const MemoryEvidence& m, const st
 
 std::vector<std::string> PlanCache::changes(const PlanCacheKey& key, const std::string& scope) const {
   std::vector<std::string> out;
-  const YAML::Node doc = load(files::join(dir_, "latest-" + hex(fnv1a(scope)) + ".json"));
-  if (!doc.IsMap()) return out;
-  const auto before = read_key(doc);
+  const std::string path = files::join(dir_, "latest-" + hex(fnv1a(scope)) + ".json");
+  const std::optional<YAML::Node> entry = load(path);
+  if (!entry) return out;
+  const YAML::Node& doc = *entry;
+  std::map<std::string, std::string> before;
+  try {
+    if (!doc.IsMap()) throw std::runtime_error("not a map of key fields");
+    before = read_key(doc);
+  } catch (const std::exception& e) {
+    warn_damaged(path, e.what());
+    return out;
+  }
   for (const auto& [name, value] : key.fields) {
     const auto it = before.find(name);
     const std::string old = it == before.end() ? "(none)" : it->second;

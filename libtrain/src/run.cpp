@@ -256,6 +256,12 @@ RunParts prepare_run(const Config& config, const RunOptions& options) {
 
   torch::manual_seed(static_cast<uint64_t>(config.trainer.seed));
   r.model = models::make_model(config.model);
+  // What the model can take (its input size, positions, vocabulary) against what the data gives:
+  // a mismatch is a config error now, before anything is written, not a failure in the first step.
+  if (r.train) {
+    const std::string problem = r.model->input_problem(shape, r.train->vocab_size());
+    if (!problem.empty()) throw ConfigError(problem + " (data: " + r.train->describe() + ")");
+  }
 
   // Join the job before the plan: the ranks must agree on it. A rank that failed above (bad
   // data, bad config) has exited already, and its launcher stops the others.

@@ -14,6 +14,31 @@
 
 namespace train {
 
+// Upper bounds of the config's size and count keys (the schema's ranges, in docs/config.md),
+// chosen so that the arithmetic on them (steps x global batch, epochs x steps per epoch, seconds
+// in milliseconds) stays far inside int64 and no key can ask for an absurd allocation up front.
+namespace limits {
+constexpr int64_t kMaxBatch = int64_t{1} << 24;        // samples per optimizer step or micro-batch
+constexpr int64_t kMaxSteps = int64_t{1} << 36;        // optimizer steps in one run (~6.9e10)
+constexpr int64_t kMaxEpochs = 1000000;
+constexpr int64_t kMaxSamples = int64_t{1} << 30;      // synthetic samples per split
+constexpr int64_t kMaxImageSize = 16384;               // pixels per side
+constexpr int64_t kMaxChannels = 1024;
+constexpr int64_t kMaxClasses = int64_t{1} << 24;
+constexpr int64_t kMaxWorkers = 1024;                  // loader worker threads
+constexpr int64_t kMaxPrefetch = 1024;                 // batches prefetched per worker
+constexpr int64_t kMaxThreads = 4096;                  // intra-op CPU threads
+constexpr int64_t kMaxSeqLen = int64_t{1} << 20;       // tokens per sample; BERT positions
+constexpr int64_t kMaxVocab = int64_t{1} << 24;        // vocabulary size (token ids below it)
+constexpr int64_t kMaxHidden = 65536;                  // BERT hidden and head sizes
+constexpr int64_t kMaxIntermediate = int64_t{1} << 20; // BERT feed-forward size
+constexpr int64_t kMaxLayers = 1024;
+constexpr int64_t kMaxCudaIndex = 1023;                // cuda:N
+constexpr double kMaxWidth = 64;                       // model.width
+constexpr double kMaxSeconds = 7 * 24 * 3600;          // timeouts and grace periods: one week
+constexpr double kMaxBucketMib = 65536;                // gradient buckets
+}  // namespace limits
+
 struct ModelConfig {
   std::string name;              // registry name, e.g. "resnet18" (required)
   int64_t num_classes = 10;

@@ -15,6 +15,7 @@
 //      first, or the step and checkpoint took longer than trainer.stop_grace_s (N is then the first
 //      signal's number: 143 for SIGTERM, 130 for SIGINT, 138 for SIGUSR1), as for a process killed
 //      by that signal. `--resume auto` continues from the newest earlier checkpoint.
+//   127  `train launch` could not start a rank (exec of the train executable failed).
 //
 // Nothing is left half-written: input is validated (config, data file headers and sizes,
 // checkpoints) before the run directory is created, and a run that fails before its first

@@ -15,6 +15,11 @@ bool exists(const std::string& path);
 bool is_directory(const std::string& path);
 bool is_regular_file(const std::string& path);
 int64_t file_size(const std::string& path);  // -1 when missing
+// Why `path` cannot be read as an input file: "" for a regular file (or a symlink to one) and
+// for a missing one (the caller's open reports that), else "is a directory", "is a named pipe
+// (FIFO)", "is a character device", ... Reading a FIFO or a terminal would block until someone
+// writes to it; callers reject such paths before opening them.
+std::string input_file_problem(const std::string& path);
 
 // mkdir -p; throws train::Error naming the path on failure.
 void make_directories(const std::string& path);

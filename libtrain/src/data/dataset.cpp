@@ -430,6 +430,14 @@ DatasetPtr make_tokens(const DataConfig& config, Split split) {
   options.pack = config.pack;
   options.vocab_size = config.vocab_size;
   options.special = SpecialTokens{config.pad_id, config.unk_id, config.cls_id, config.sep_id, config.mask_id};
+  // The values set by keys (not taken from the vocab file below): errors about them name the key.
+  if (config.vocab_size > 0) options.keys["vocab_size"] = "data.vocab_size";
+  const std::pair<const char*, int64_t> ids[] = {{"pad", config.pad_id}, {"unk", config.unk_id},
+                                                 {"cls", config.cls_id}, {"sep", config.sep_id},
+                                                 {"mask", config.mask_id}};
+  for (const auto& [field, id] : ids) {
+    if (id >= 0) options.keys[field] = std::string("data.") + field + "_id";
+  }
   if (!config.vocab_file.empty()) {
     const VocabInfo vocab = read_vocab_file(in_root(config, config.vocab_file));
     if (options.vocab_size == 0) options.vocab_size = vocab.size;

@@ -1,10 +1,12 @@
 // IDX reader (MNIST / Fashion-MNIST) and IdxDataset.
 #include <train/data/idx.h>
 #include <train/errors.h>
+#include <train/files.h>
 
 #include <sys/stat.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstring>
@@ -23,42 +25,6 @@ namespace {
 
 constexpr uint8_t kUnsignedByteType = 0x08;
 
-struct FileContents {
-  std::vector<uint8_t> bytes;
-  std::string stream_error;  // zlib's message when a gzip stream ended early; empty if clean
-};
-
-// Reads a whole file through zlib, which inflates gzip files and passes any other file through
-// unchanged, so plain and .gz files share one code path.
-FileContents read_file(const std::string& path) {
-  gzFile file = gzopen(path.c_str(), "rb");
-  if (file == nullptr) {
-    throw DataError(path + ": cannot open: " + std::strerror(errno));
-  }
-  const std::unique_ptr<gzFile_s, int (*)(gzFile)> closer(file, &gzclose);
-  gzbuffer(file, 1 << 17);
-
-  FileContents contents;
-  constexpr size_t kChunk = size_t{1} << 20;
-  for (;;) {
-    const size_t filled = contents.bytes.size();
-    contents.bytes.resize(filled + kChunk);
-    const int got = gzread(file, contents.bytes.data() + filled, static_cast<unsigned>(kChunk));
-    if (got < 0) {
-      int code = Z_OK;
-      throw DataError(path + ": cannot read: " + gzerror(file, &code));
-    }
-    contents.bytes.resize(filled + static_cast<size_t>(got));
-    if (got == 0) break;
-  }
-  // A cut-off gzip stream is not an error for gzread (it returns what it could inflate) but
-  // leaves Z_BUF_ERROR behind.
-  int code = Z_OK;
-  const char* message = gzerror(file, &code);
-  if (code != Z_OK) contents.stream_error = message;
-  return contents;
-}
-
 std::string hex32(uint32_t value) {
   std::ostringstream out;
   out << "0x" << std::hex << std::setw(8) << std::setfill('0') << value;
@@ -75,54 +41,126 @@ std::string join_dims(const std::vector<int64_t>& dims) {
   return out;
 }
 
-// Validates the header of an unsigned-byte IDX file of the given rank against the file's length
-// and returns its dimensions; the payload starts at 4 + 4 * rank.
-std::vector<int64_t> parse_header(const std::string& path, const FileContents& file, uint8_t rank) {
-  const std::vector<uint8_t>& bytes = file.bytes;
-  const std::string found =
-      std::to_string(bytes.size()) + " bytes" +
-      (file.stream_error.empty() ? std::string()
-                                 : " (gzip stream ended early: " + file.stream_error + ")");
+// Deflate inflates at most 1032:1; a gzip file cannot hold more than this many bytes.
+constexpr uint64_t kMaxDeflateRatio = 1032;
+
+struct IdxContents {
+  std::vector<int64_t> dims;
+  std::vector<uint8_t> payload;
+};
+
+// Reads an unsigned-byte IDX file of the given rank through zlib, which inflates gzip files and
+// passes any other file through unchanged, so plain and .gz files share one code path. The
+// stream is read in order: the magic number after its 4 bytes, then the dimensions, then exactly
+// the payload they declare (and one byte more, to find trailing data). A file with a wrong magic
+// number is rejected without inflating the rest, a header that declares more than the file can
+// hold before anything is allocated, and the payload buffer grows only as data arrives.
+IdxContents read_idx(const std::string& path, uint8_t rank) {
+  if (const std::string problem = files::input_file_problem(path); !problem.empty()) {
+    throw DataError(path + ": " + problem + ", expected an IDX file");
+  }
+  gzFile file = gzopen(path.c_str(), "rb");
+  if (file == nullptr) {
+    throw DataError(path + ": cannot open: " + std::strerror(errno));
+  }
+  const std::unique_ptr<gzFile_s, int (*)(gzFile)> closer(file, &gzclose);
+  gzbuffer(file, 1 << 17);
+
+  // Reads up to n bytes to out; fewer only at the end of the stream.
+  auto read = [&](uint8_t* out, size_t n) {
+    size_t done = 0;
+    while (done < n) {
+      const unsigned chunk = static_cast<unsigned>(std::min<size_t>(n - done, size_t{1} << 24));
+      const int got = gzread(file, out + done, chunk);
+      if (got < 0) {
+        int code = Z_OK;
+        throw DataError(path + ": cannot read: " + gzerror(file, &code));
+      }
+      if (got == 0) break;
+      done += static_cast<size_t>(got);
+    }
+    return done;
+  };
+  // A cut-off gzip stream is not an error for gzread (it returns what it could inflate) but
+  // leaves Z_BUF_ERROR behind.
+  auto stream_error = [&]() -> std::string {
+    int code = Z_OK;
+    const char* message = gzerror(file, &code);
+    return code == Z_OK ? std::string() : std::string(message);
+  };
+  auto found = [&](uint64_t bytes) {
+    const std::string error = stream_error();
+    return std::to_string(bytes) + " bytes" +
+           (error.empty() ? std::string() : " (gzip stream ended early: " + error + ")");
+  };
+
   const size_t header_size = 4 + 4 * size_t{rank};
   const uint32_t expected_magic = (uint32_t{kUnsignedByteType} << 8) | rank;
   const char* kind = rank == 3 ? "idx3-ubyte images" : "idx1-ubyte labels";
-
-  if (bytes.size() < 4) {
+  std::array<uint8_t, 4 + 4 * 3> header{};
+  const size_t got_magic = read(header.data(), 4);
+  if (got_magic < 4) {
     throw DataError(path + ": truncated: expected an IDX header of " + std::to_string(header_size) +
-                    " bytes, found " + found);
+                    " bytes, found " + found(got_magic));
   }
-  const uint32_t magic = read_be32(bytes.data());
+  const uint32_t magic = read_be32(header.data());
   if (magic != expected_magic) {
-    throw DataError(path + ": bad magic number " + hex32(magic) + ", expected " +
-                    hex32(expected_magic) + " (" + kind + ")");
+    throw DataError(path + ": bad magic number " + hex32(magic) + ", expected " + hex32(expected_magic) + " (" +
+                    kind + ")");
   }
-  if (bytes.size() < header_size) {
+  const size_t got_dims = read(header.data() + 4, header_size - 4);
+  if (got_dims < header_size - 4) {
     throw DataError(path + ": truncated: expected an IDX header of " + std::to_string(header_size) +
-                    " bytes, found " + found);
+                    " bytes, found " + found(4 + got_dims));
   }
 
-  std::vector<int64_t> dims;
+  IdxContents contents;
   uint64_t payload = 1;
   for (size_t i = 0; i < rank; ++i) {
-    const uint32_t dim = read_be32(bytes.data() + 4 + 4 * i);
+    const uint32_t dim = read_be32(header.data() + 4 + 4 * i);
     if (dim == 0) throw DataError(path + ": dimension " + std::to_string(i) + " is 0");
     if (payload > std::numeric_limits<uint64_t>::max() / dim) {
       throw DataError(path + ": dimensions too large for any file");
     }
     payload *= dim;
-    dims.push_back(dim);
+    contents.dims.push_back(dim);
   }
   const uint64_t expected = header_size + payload;
-  if (bytes.size() != expected) {
-    throw DataError(path + ": " + (bytes.size() < expected ? "truncated" : "trailing data") +
-                    ": header declares " + join_dims(dims) + " so expected " +
-                    std::to_string(expected) + " bytes, found " + found);
+  const std::string declares = "header declares " + join_dims(contents.dims) + " so expected " +
+                               std::to_string(expected) + " bytes";
+  // What the file can hold at most: its size when read directly, 1032 x that when inflated.
+  const int64_t on_disk = files::file_size(path);
+  if (on_disk >= 0) {
+    const bool direct = gzdirect(file) != 0;
+    const uint64_t most = direct ? static_cast<uint64_t>(on_disk) : static_cast<uint64_t>(on_disk) * kMaxDeflateRatio;
+    if (expected > most) {
+      throw DataError(path + ": truncated: " + declares + ", " +
+                      (direct ? "found " + std::to_string(on_disk) + " bytes"
+                              : "but a gzip file of " + std::to_string(on_disk) + " bytes inflates to at most " +
+                                    std::to_string(most)));
+    }
+  }
+
+  constexpr size_t kChunk = size_t{1} << 20;
+  while (contents.payload.size() < payload) {
+    const size_t filled = contents.payload.size();
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(kChunk, payload - filled));
+    contents.payload.resize(filled + want);
+    const size_t got = read(contents.payload.data() + filled, want);
+    contents.payload.resize(filled + got);
+    if (got < want) {
+      throw DataError(path + ": truncated: " + declares + ", found " + found(header_size + filled + got));
+    }
+  }
+  uint8_t extra = 0;
+  if (read(&extra, 1) != 0) {
+    throw DataError(path + ": trailing data: " + declares + ", found more");
   }
   // Complete payload yet a damaged stream (e.g. a cut-off gzip trailer): still not trustworthy.
-  if (!file.stream_error.empty()) {
-    throw DataError(path + ": corrupt gzip stream: " + file.stream_error);
+  if (const std::string error = stream_error(); !error.empty()) {
+    throw DataError(path + ": corrupt gzip stream: " + error);
   }
-  return dims;
+  return contents;
 }
 
 }  // namespace
@@ -138,23 +176,28 @@ std::string find_data_file(const std::string& dir, const std::string& stem) {
   if (is_regular_file(plain)) return plain;
   const std::string gzipped = plain + ".gz";
   if (is_regular_file(gzipped)) return gzipped;
+  for (const std::string& path : {plain, gzipped}) {
+    if (const std::string problem = files::input_file_problem(path); !problem.empty()) {
+      throw DataError(path + ": " + problem + ", expected an IDX file");
+    }
+  }
   throw DataError("data file not found: neither " + plain + " nor " + gzipped + " exists");
 }
 
 torch::Tensor read_idx_images(const std::string& path) {
-  const FileContents file = read_file(path);
-  const std::vector<int64_t> dims = parse_header(path, file, 3);
+  const IdxContents file = read_idx(path, 3);
+  const std::vector<int64_t>& dims = file.dims;
   torch::Tensor images = torch::empty({dims[0], 1, dims[1], dims[2]}, torch::kByte);
-  std::memcpy(images.data_ptr<uint8_t>(), file.bytes.data() + 16, images.numel());
+  std::memcpy(images.data_ptr<uint8_t>(), file.payload.data(), images.numel());
   return images;
 }
 
 torch::Tensor read_idx_labels(const std::string& path, int64_t num_classes) {
-  const FileContents file = read_file(path);
-  const std::vector<int64_t> dims = parse_header(path, file, 1);
+  const IdxContents file = read_idx(path, 1);
+  const std::vector<int64_t>& dims = file.dims;
   torch::Tensor labels = torch::empty({dims[0]}, torch::kLong);
   int64_t* out = labels.data_ptr<int64_t>();
-  const uint8_t* in = file.bytes.data() + 8;
+  const uint8_t* in = file.payload.data();
   for (int64_t i = 0; i < dims[0]; ++i) {
     if (in[i] >= num_classes) {
       throw DataError(path + ": label " + std::to_string(in[i]) + " at index " + std::to_string(i) +

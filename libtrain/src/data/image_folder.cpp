@@ -48,6 +48,9 @@ void require_directory(const std::string& directory) {
 // The file could be listed, so failing to read it now is a runtime failure, not bad input.
 // Reads into `bytes` (reused across calls: no allocation once it is large enough).
 void read_file(const std::string& path, std::vector<uint8_t>& bytes) {
+  if (const std::string problem = files::input_file_problem(path); !problem.empty()) {
+    throw DataError(path + ": " + problem + ", expected an image file");
+  }
   std::FILE* file = std::fopen(path.c_str(), "rb");
   if (file == nullptr) {
     throw DataError(path + ": cannot open: " + std::strerror(errno), kExitRuntime);

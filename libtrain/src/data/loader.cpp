@@ -9,6 +9,7 @@
 // earlier (smaller) batches, so it is never blocked by capacity: no deadlock.
 #include <train/data/loader.h>
 #include <train/data/transforms.h>
+#include <train/config.h>
 #include <train/errors.h>
 #include <train/log.h>
 
@@ -79,8 +80,13 @@ void validate(const LoaderOptions& options) {
     if (!ok) throw Error("Loader: " + message, kExitInvalid);
   };
   require(options.batch_size >= 1, "batch_size must be >= 1");
-  require(options.workers >= 0, "workers must be >= 0");
-  require(options.prefetch >= 1, "prefetch must be >= 1");
+  // Bounded like data.workers and data.prefetch, so that workers x prefetch (the ring of
+  // prefetched batches) can neither wrap nor ask for an absurd allocation.
+  require(options.workers >= 0 && options.workers <= limits::kMaxWorkers,
+          "workers must be in [0, " + std::to_string(limits::kMaxWorkers) + "], got " + std::to_string(options.workers));
+  require(options.prefetch >= 1 && options.prefetch <= limits::kMaxPrefetch,
+          "prefetch must be in [1, " + std::to_string(limits::kMaxPrefetch) + "], got " +
+              std::to_string(options.prefetch));
   require(options.world_size >= 1, "world_size must be >= 1");
   require(options.rank >= 0 && options.rank < options.world_size,
           "rank must be in [0, world_size)");

@@ -205,6 +205,10 @@ void write_token_file(const std::string& path, const std::vector<std::vector<int
 // ---- TokenFile ----------------------------------------------------------------------------------
 
 TokenFile::TokenFile(const std::string& path) : path_(path) {
+  // Checked before open(), which blocks on a FIFO until something writes to it.
+  if (const std::string problem = files::input_file_problem(path); !problem.empty()) {
+    throw DataError(path + ": " + problem + ", expected a token file");
+  }
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     throw DataError(path + ": cannot open token file: " + std::strerror(errno));
@@ -361,6 +365,9 @@ void TokenFile::verify() const {
 // ---- vocab files --------------------------------------------------------------------------------
 
 VocabInfo read_vocab_file(const std::string& path) {
+  if (const std::string problem = files::input_file_problem(path); !problem.empty()) {
+    throw DataError(path + ": " + problem + ", expected a vocab file");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw DataError(path + ": cannot open vocab file: " + std::strerror(errno));
   VocabInfo vocab;
@@ -466,8 +473,20 @@ TokenDataset::TokenDataset(TokenDatasetOptions options) : options_(std::move(opt
                                 std::to_string(options_.seq_len));
   }
   file_ = std::make_shared<const TokenFile>(path);
+  // A value given by a config key that the file contradicts is that key's error (exit 2, naming
+  // it); otherwise the file is at fault.
+  auto key_for = [this](const std::string& field) -> std::string {
+    const auto it = options_.keys.find(field);
+    return it == options_.keys.end() ? "" : it->second;
+  };
   vocab_size_ = options_.vocab_size > 0 ? options_.vocab_size : file_->vocab_size();
   if (vocab_size_ < file_->vocab_size()) {
+    const std::string key = options_.vocab_size > 0 ? key_for("vocab_size") : "";
+    if (!key.empty()) {
+      throw ConfigError("key '" + key + "': " + std::to_string(vocab_size_) + " is smaller than the vocabulary of " +
+                        path + " (" + std::to_string(file_->vocab_size()) + " tokens); set it to at least " +
+                        std::to_string(file_->vocab_size()) + ", or 0 to take the file's");
+    }
     throw DataError(path + ": the file's vocabulary has " + std::to_string(file_->vocab_size()) +
                     " tokens, more than the configured vocab_size " + std::to_string(vocab_size_));
   }
@@ -476,6 +495,11 @@ TokenDataset::TokenDataset(TokenDatasetOptions options) : options_(std::move(opt
     int64_t& id = special_.*(named.field);
     id = configured >= 0 ? configured : file_->special().*(named.field);
     if (id >= vocab_size_) {
+      const std::string key = configured >= 0 ? key_for(named.name) : "";
+      if (!key.empty()) {
+        throw ConfigError("key '" + key + "': " + std::to_string(id) + " is outside the vocabulary [0, " +
+                          std::to_string(vocab_size_) + ") of " + path);
+      }
       throw DataError(path + ": the " + named.name + " token id " + std::to_string(id) +
                       " is outside the vocabulary [0, " + std::to_string(vocab_size_) + ")");
     }

@@ -6,6 +6,7 @@
 #include <limits>
 #include <stdexcept>
 
+#include "bert_presets.h"
 #include "compat.h"
 
 namespace train::models {
@@ -129,24 +130,22 @@ void validate(const BertOptions& o) {
 bool bert_fused_attention_available() { return TRAIN_TORCH_AT_LEAST(2, 0); }
 
 BertOptions BertOptions::preset(const std::string& name) {
+  const detail::BertPresetSizes* sizes = detail::find_bert_preset(name);
+  if (!sizes) throw std::invalid_argument("BERT: unknown preset '" + name + "'");
   BertOptions o;
-  auto size = [&o](int64_t layers, int64_t hidden, int64_t heads) {
-    o.num_layers = layers;
-    o.hidden_size = hidden;
-    o.num_heads = heads;
-    o.intermediate_size = 4 * hidden;
-  };
-  if (name == "bert-base") size(12, 768, 12);
-  else if (name == "bert-small") size(4, 512, 8);
-  else if (name == "bert-mini") size(4, 256, 4);
-  else if (name == "bert-tiny") size(2, 128, 2);
-  else if (name == "minilm-l6") size(6, 384, 12);
-  else throw std::invalid_argument("BERT: unknown preset '" + name + "'");
+  o.num_layers = sizes->layers;
+  o.hidden_size = sizes->hidden;
+  o.num_heads = sizes->heads;
+  o.intermediate_size = 4 * sizes->hidden;
+  o.vocab_size = detail::kBertPresetVocab;
+  o.max_positions = detail::kBertPresetPositions;
   return o;
 }
 
 std::vector<std::string> BertOptions::preset_names() {
-  return {"bert-base", "bert-small", "bert-mini", "bert-tiny", "minilm-l6"};
+  std::vector<std::string> names;
+  for (const detail::BertPresetSizes& p : detail::kBertPresets) names.emplace_back(p.name);
+  return names;
 }
 
 BertModel::BertModel(const BertOptions& options) : options_(options) {
@@ -244,6 +243,26 @@ torch::Tensor BertModel::random_input(const std::vector<int64_t>& shape, const t
   // Ids in [1, vocab), those up to pad_id moved down by one: every id but pad_id is equally likely.
   auto ids = torch::randint(1, options_.vocab_size, shape, options.dtype(torch::kLong));
   return ids - ids.le(options_.pad_id).to(torch::kLong);
+}
+
+std::string BertModel::input_problem(const std::vector<int64_t>& sample_shape, int64_t vocab_size) const {
+  std::string shape;
+  for (size_t i = 0; i < sample_shape.size(); ++i) shape += (i ? "x" : "") + std::to_string(sample_shape[i]);
+  if (sample_shape.size() != 1 || vocab_size <= 0) {
+    return "key 'model.name': BERT takes token ids (data.kind tokens or tsv), but the data gives samples of shape " +
+           shape + (vocab_size <= 0 ? " without a vocabulary" : "");
+  }
+  if (sample_shape[0] > options_.max_positions) {
+    return "key 'data.seq_len': " + std::to_string(sample_shape[0]) + " tokens per sample, more than the model's " +
+           std::to_string(options_.max_positions) +
+           " position embeddings (model.max_positions); lower data.seq_len or raise model.max_positions";
+  }
+  if (vocab_size > options_.vocab_size) {
+    return "key 'model.vocab_size': the model embeds " + std::to_string(options_.vocab_size) +
+           " token ids, but the data's vocabulary has " + std::to_string(vocab_size) +
+           " tokens; set model.vocab_size to at least " + std::to_string(vocab_size);
+  }
+  return "";
 }
 
 ModelPtr make_bert(BertHead head, const ModelConfig& config) {

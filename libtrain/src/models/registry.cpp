@@ -89,7 +89,14 @@ ModelPtr make_model(const ModelConfig& config) {
     throw ConfigError(message + "known: " + join(known));
   }
   // Built outside the lock: building can be slow, and a builder may itself use the registry.
-  ModelPtr model = builder(config);
+  // A builder rejects sizes it cannot build with std::invalid_argument: a config error. (The
+  // config's own checks catch the known cases first, naming the exact key.)
+  ModelPtr model;
+  try {
+    model = builder(config);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError("key 'model.name': cannot build '" + config.name + "' from the model.* keys: " + e.what());
+  }
   if (!model) throw Error("model builder for '" + config.name + "' returned no model");
   return model;
 }
@@ -107,6 +114,10 @@ bool has_model(const std::string& name) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   return r.entries.count(name) > 0;
+}
+
+std::string Model::input_problem(const std::vector<int64_t>& /*sample_shape*/, int64_t /*vocab_size*/) const {
+  return "";
 }
 
 torch::Tensor Model::random_input(const std::vector<int64_t>& shape, const torch::TensorOptions& options) const {

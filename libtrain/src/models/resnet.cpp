@@ -201,6 +201,13 @@ torch::Tensor ResNet::forward(const torch::Tensor& input) {
   return fc_(x);
 }
 
+std::string ResNet::input_problem(const std::vector<int64_t>& sample_shape, int64_t /*vocab_size*/) const {
+  if (sample_shape.size() == 3) return "";
+  std::string shape;
+  for (size_t i = 0; i < sample_shape.size(); ++i) shape += (i ? "x" : "") + std::to_string(sample_shape[i]);
+  return "key 'model.name': ResNet takes images [channels, H, W], but the data gives samples of shape " + shape;
+}
+
 ModelPtr make_resnet(int depth, const ModelConfig& config) {
   ResNetOptions options = ResNetOptions::for_depth(depth);
   options.num_classes = config.num_classes;

@@ -4,6 +4,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "train/config.h"
 
@@ -28,6 +29,23 @@ void check_input(const torch::Tensor& input, int64_t channels, const char* name)
   }
 }
 
+// The check made before a run: images of kSide x kSide (channels are checked by prepare_run
+// against model.in_channels).
+std::string image_problem(const std::vector<int64_t>& shape, const char* name) {
+  std::string text;
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? "x" : "") + std::to_string(shape[i]);
+  if (shape.size() != 3) {
+    return std::string("key 'model.name': ") + name + " takes images [channels, 28, 28], but the data gives samples of shape " +
+           text;
+  }
+  if (shape[1] != kSide || shape[2] != kSide) {
+    return std::string("key 'data.image_size': ") + name + " is laid out for 28x28 images, but the data gives " +
+           std::to_string(shape[1]) + "x" + std::to_string(shape[2]) + "; set data.image_size: 28 or use a model "
+           "that takes any size (resnet18 with model.small_input)";
+  }
+  return "";
+}
+
 class Mlp final : public Model {
  public:
   explicit Mlp(const ModelConfig& config)
@@ -41,6 +59,9 @@ class Mlp final : public Model {
     auto x = torch::relu(fc1_(input.flatten(1)));
     x = torch::relu(fc2_(x));
     return fc3_(x);
+  }
+  std::string input_problem(const std::vector<int64_t>& shape, int64_t) const override {
+    return image_problem(shape, "mlp");
   }
 
  private:
@@ -67,6 +88,9 @@ class LeNet final : public Model {
     return fc3_(x);
   }
   bool is_convolutional() const override { return true; }
+  std::string input_problem(const std::vector<int64_t>& shape, int64_t) const override {
+    return image_problem(shape, "lenet");
+  }
 
  private:
   int64_t channels_;

@@ -23,6 +23,9 @@ TsvDataset::TsvDataset(TsvDatasetOptions options) : options_(std::move(options))
                                 std::to_string(options_.max_length));
   }
   const std::string& path = options_.path;
+  if (const std::string problem = files::input_file_problem(path); !problem.empty()) {
+    throw DataError(path + ": " + problem + ", expected a TSV file");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw DataError(path + ": cannot open TSV file (" + std::strerror(errno) + ")");
   std::vector<std::string> texts, label_names;
@@ -106,6 +109,9 @@ std::string TsvDataset::describe() const {
 }
 
 std::vector<std::string> read_tsv_classes(const std::string& path) {
+  if (const std::string problem = files::input_file_problem(path); !problem.empty()) {
+    throw DataError(path + ": " + problem + ", expected a TSV file");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw DataError(path + ": cannot open TSV file (" + std::strerror(errno) + ")");
   std::set<std::string> classes;

@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "train/errors.h"
+#include "train/files.h"
 
 namespace train::text {
 namespace {
@@ -245,6 +246,9 @@ Vocab::Vocab(std::vector<std::string> tokens) : tokens_(std::move(tokens)) {
 }
 
 Vocab Vocab::load(const std::string& path) {
+  if (const std::string problem = files::input_file_problem(path); !problem.empty()) {
+    throw DataError(path + ": " + problem + ", expected a vocab file");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw DataError(path + ": cannot open vocab file (" + std::strerror(errno) + ")");
   std::vector<std::string> tokens;

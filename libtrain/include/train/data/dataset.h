@@ -51,6 +51,9 @@ class Dataset {
   virtual std::vector<int64_t> input_shape() const = 0;
   virtual int64_t num_classes() const = 0;
   virtual std::string describe() const = 0;
+  // Token datasets: the size of the vocabulary the ids come from (every input id is below it), so
+  // that a model's embedding can be checked against it before training; 0 for other data.
+  virtual int64_t vocab_size() const { return 0; }
 };
 
 using DatasetPtr = std::shared_ptr<const Dataset>;

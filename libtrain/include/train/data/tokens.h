@@ -29,6 +29,7 @@
 #include <train/data/transforms.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -95,6 +96,11 @@ struct TokenDatasetOptions {
   SpecialTokens special;
   std::vector<int64_t> extra_special;  // more never-masked ids, e.g. VocabInfo::bracketed
   MlmOptions mlm;
+  // The config keys that gave explicit values, by field: "vocab_size", "pad", "unk", "cls",
+  // "sep", "mask" -> "data.vocab_size", "data.pad_id", ... A value the token file contradicts
+  // (a vocab_size below the file's, an id outside the vocabulary) is then a ConfigError naming
+  // that key; a value without a key here is reported as a DataError naming the file.
+  std::map<std::string, std::string> keys;
 };
 
 class TokenDataset : public Dataset {
@@ -109,6 +115,7 @@ class TokenDataset : public Dataset {
   // The vocabulary size: the number of logits per position.
   int64_t num_classes() const override { return vocab_size_; }
   std::string describe() const override;
+  int64_t vocab_size() const override { return vocab_size_; }
 
   // Sample `index` before masking: [CLS] body [SEP] [PAD]..., int64 [T].
   torch::Tensor tokens(int64_t index) const;

@@ -78,6 +78,8 @@ class BertModel : public Model {
   torch::Tensor forward(const torch::Tensor& input) override;
   // Ids uniform over the vocab except the pad id (the probe's inputs).
   torch::Tensor random_input(const std::vector<int64_t>& shape, const torch::TensorOptions& options) const override;
+  // Token ids [T] with T <= max_positions, from a vocabulary no larger than vocab_size.
+  std::string input_problem(const std::vector<int64_t>& sample_shape, int64_t vocab_size) const override;
 
   // Last hidden states [B, T, H]. `token_type_ids` may be undefined (all 0); `attention_mask`
   // ([B, T], nonzero = attend) may be undefined (derived from input != pad_id).

@@ -25,6 +25,12 @@ class Model : public torch::nn::Module {
   // A random input batch of `shape` ([batch, input_shape...]) for the plan's probe: standard
   // normal floats by default; token models return valid ids.
   virtual torch::Tensor random_input(const std::vector<int64_t>& shape, const torch::TensorOptions& options) const;
+  // Checked before a run starts (prepare_run), so that data this model cannot take is a config
+  // error up front instead of a failure in the first step: `sample_shape` is one input without the
+  // batch dimension, `vocab_size` the data's vocabulary (Dataset::vocab_size; 0 for non-token
+  // data). Returns "" when the model takes such input, else the problem as a ConfigError message
+  // naming the key to change: "key 'data.image_size': ...". The default accepts anything.
+  virtual std::string input_problem(const std::vector<int64_t>& sample_shape, int64_t vocab_size) const;
 };
 
 using ModelPtr = std::shared_ptr<Model>;

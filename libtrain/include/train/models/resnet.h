@@ -48,6 +48,8 @@ class ResNet : public Model {
   torch::Tensor forward(const torch::Tensor& input) override;
   bool has_batch_stats() const override { return true; }
   bool is_convolutional() const override { return true; }
+  // Images [channels, H, W] of any size.
+  std::string input_problem(const std::vector<int64_t>& sample_shape, int64_t vocab_size) const override;
 
   const ResNetOptions& options() const { return options_; }
 

@@ -38,6 +38,7 @@ class TsvDataset : public data::Dataset {
   std::vector<int64_t> input_shape() const override { return {options_.max_length}; }
   int64_t num_classes() const override { return static_cast<int64_t>(options_.classes.size()); }
   std::string describe() const override;
+  int64_t vocab_size() const override { return options_.tokenizer->vocab().size(); }
 
   const std::vector<std::string>& classes() const { return options_.classes; }
   const std::vector<int64_t>& labels() const { return labels_; }
