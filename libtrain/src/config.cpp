@@ -400,7 +400,9 @@ std::vector<Key> build_schema() {
           .at_least(0)
           .at_most(limits::kMaxBatch),
       trainer("seed", &T::seed, "random seed").at_least(0),
-      trainer("device", &T::device, "device to train on; auto = cuda when available, else cpu")
+      trainer("device", &T::device,
+              "device to train on; auto = cuda when available, else cpu; auto and cuda give local rank r "
+              "GPU r (modulo the visible GPUs); cuda:N is one GPU for every rank")
           .checked_by(check_device, "`auto`, `cpu`, `cuda`, `cuda:N`"),
       trainer("threads", &T::threads,
               "intra-op CPU threads; 0 = the cores available to the process")

@@ -395,6 +395,9 @@ DeviceProfile detect_device(const std::string& request, int local_rank) {
       }
       index = static_cast<int>(parsed);
     }
+    // "cuda" without an index: the local rank's GPU, as with auto (and GPU 0 for every rank when
+    // each sees one GPU of its own, as under Slurm's --gpus-per-task=1).
+    if (request.size() == 4 && p.visible_gpus > 0) index = local_rank % p.visible_gpus;
     if (p.visible_gpus == 0) {
       throw ConfigError("key 'trainer.device': '" + request +
                         "' requested but no CUDA device is visible (LibTorch " + p.torch_version +

@@ -9,6 +9,9 @@
 #include "train/config.h"
 #include "train/errors.h"
 #include "train/log.h"
+#ifdef TRAIN_WITH_NCCL
+#include <c10/cuda/CUDAFunctions.h>
+#endif
 
 namespace train::dist {
 namespace {
@@ -236,6 +239,8 @@ std::shared_ptr<Group> Group::create(const Env& env, const DistributedConfig& co
                                                                    static_cast<int>(env.world_size), options);
     } else {
 #ifdef TRAIN_WITH_NCCL
+      // The rank's GPU is the current device before NCCL sees it, as torch.distributed asks.
+      if (impl->device.has_index()) c10::cuda::set_device(impl->device.index());
       auto options = c10d::ProcessGroupNCCL::Options::create();
       options->timeout = timeout;
       impl->backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(impl->store, static_cast<int>(env.rank),

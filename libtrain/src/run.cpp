@@ -231,6 +231,13 @@ RunParts prepare_run(const Config& config, const RunOptions& options) {
   const int64_t world_size = options.plan_world_size > 0 ? options.plan_world_size : env.world_size;
   r.device = config.tuning.device.empty() ? detect_device(config.trainer.device, static_cast<int>(env.local_rank))
                                           : named_device(config.tuning.device);
+  if (r.device.is_cuda() && options.plan_world_size == 0 && env.local_world_size > 1 && r.device.visible_gpus > 1 &&
+      config.trainer.device.rfind("cuda:", 0) == 0 && config.distributed.backend != "gloo") {
+    // NCCL takes one GPU per rank; an explicit index would put every local rank on the same one.
+    throw ConfigError(log::str("key 'trainer.device': '", config.trainer.device, "' puts all ", env.local_world_size,
+                               " ranks of this node on one GPU while ", r.device.visible_gpus,
+                               " are visible; use trainer.device: cuda or auto (local rank r takes GPU r)"));
+  }
   std::vector<int64_t> shape;
   int64_t num_classes = config.model.num_classes;
   try {
