@@ -459,7 +459,7 @@ TEST_CASE("overrides (--set) are typed, checked and applied after the file", "[c
   }
 }
 
-TEST_CASE("--set takes one whole value: trailing text, a bare comma and empty list items are errors",
+TEST_CASE("overrides (--set) take one whole value: trailing text, a bare comma and empty list items are errors",
           "[config]") {
   // Each of these used to be taken silently as its first part: [0.5], mlp, [], "".
   CHECK_THAT(config_error(kRequired, {"data.mean=[0.5] junk"}),
