@@ -374,7 +374,7 @@ TEST_CASE("2 Gloo ranks: identical replicas, equal to one process on the same gl
   files::remove_all(dir);
 }
 
-TEST_CASE("accumulation with no_sync equals no accumulation; buckets equal one flat allreduce", "[dist][process]") {
+TEST_CASE("accumulation with no_sync equals no accumulation, and buckets equal one flat allreduce", "[dist][process]") {
   const std::string dir = files::make_temp_directory("train_ddp_accum_");
   const auto [whole, whole1] =
       run_two_ranks(files::make_temp_directory(dir + "/a_"), write_config(dir, "whole", "tuning: {micro_batch: 8}\n"));
@@ -418,7 +418,7 @@ TEST_CASE("a parameter without a gradient is named, or tolerated when the config
   files::remove_all(dir);
 }
 
-TEST_CASE("when a rank dies or hangs, the others exit non-zero within the timeout", "[dist][process]") {
+TEST_CASE("when a rank dies or hangs, the others exit non-zero within the timeout", "[dist][process][timing]") {
   const std::string dir = files::make_temp_directory("train_ddp_dead_");
   const std::string config = write_config(dir, "dead", "distributed: {timeout_s: 5}\n");
   SECTION("killed") {

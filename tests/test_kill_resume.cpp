@@ -283,8 +283,8 @@ const char* kStopConfig = "model: {name: resnet18, in_channels: 1, num_classes: 
 
 }  // namespace
 
-TEST_CASE("a stop signal delivered twice within milliseconds is one graceful stop; SIGUSR1 stops like SIGTERM",
-          "[resume][process][signals]") {
+TEST_CASE("a stop signal delivered twice within milliseconds is one graceful stop, and SIGUSR1 stops like SIGTERM",
+          "[resume][process][signals][timing]") {
   const std::string dir = files::make_temp_directory("train_signals_");
   const std::string config_path = files::join(dir, "run.yaml");
   std::ofstream(config_path) << kStopConfig;
@@ -324,7 +324,7 @@ TEST_CASE("a stop signal delivered twice within milliseconds is one graceful sto
 }
 
 TEST_CASE("a second stop signal a second later, or a stop past trainer.stop_grace_s, exits 128 + signal without a "
-          "checkpoint", "[resume][process][signals]") {
+          "checkpoint", "[resume][process][signals][timing]") {
   const std::string dir = files::make_temp_directory("train_signals_late_");
   const std::string config_path = files::join(dir, "sleepy.yaml");
   std::ofstream(config_path) << kSleepyConfig;

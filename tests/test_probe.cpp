@@ -90,7 +90,7 @@ struct ModelSnapshot {
 
 }  // namespace
 
-TEST_CASE("fit_memory recovers an exact line; predict and max_batch agree with it", "[probe]") {
+TEST_CASE("fit_memory recovers an exact line, and predict and max_batch agree with it", "[probe]") {
   const int64_t fixed = 3'000'000, per_sample = 12'345;
   const MemoryFit fit = fit_memory({memory_point(4, fixed + 4 * per_sample), memory_point(8, fixed + 8 * per_sample),
                                     memory_point(16, fixed + 16 * per_sample)});
@@ -108,7 +108,7 @@ TEST_CASE("fit_memory recovers an exact line; predict and max_batch agree with i
   CHECK(fit.max_batch(0) == 0);
 }
 
-TEST_CASE("fit_memory ignores out-of-memory points; max_batch stays below them", "[probe]") {
+TEST_CASE("fit_memory ignores out-of-memory points, and max_batch stays below them", "[probe]") {
   const MemoryFit fit = fit_memory({memory_point(8, 1000 + 8 * 100), oom_point(64), memory_point(16, 1000 + 16 * 100),
                                     oom_point(128)});
   CHECK(fit.fixed_bytes == 1000);

@@ -177,7 +177,7 @@ TEST_CASE("tensorboard: a resumed run's repeated steps replace the earlier attem
                                    "check " + tmp.path + " " + tmp / "metrics.jsonl" + " train/loss") == 0);
 }
 
-TEST_CASE("tensorboard: train fit writes event files; scripts/plot draws the curves", "[tensorboard][plot][python]") {
+TEST_CASE("tensorboard: train fit writes event files, and scripts/plot draws the curves", "[tensorboard][plot][python]") {
   TempDir tmp;
   const std::string cfg = tmp / "run.yaml";
   std::ofstream(cfg) << "model: {name: resnet18, in_channels: 1, num_classes: 10, width: 0.125, small_input: true}\n"

@@ -357,7 +357,7 @@ TEST_CASE("Packed samples run across documents with [SEP] between them", "[data]
   }
 }
 
-TEST_CASE("Special ids come from the options, else the file; missing ones are errors", "[data][tokens]") {
+TEST_CASE("Special ids come from the options, else the file, and missing ones are errors", "[data][tokens]") {
   TempDir dir;
   TokenFileOptions bare;
   bare.vocab_size = 30;
