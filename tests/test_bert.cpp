@@ -2,6 +2,7 @@
 
 #include <fstream>
 
+#include "train/amp.h"
 #include "train/config.h"
 #include "train/data/factory.h"
 #include "train/errors.h"
@@ -144,6 +145,59 @@ TEST_CASE("BERT fused and plain attention agree", "[bert]") {
       if (ga[i].grad().defined()) worst = std::max(worst, (ga[i].grad() - gb[i].grad()).abs().max().item<double>());
     CHECK(worst < 1e-5);
   }
+}
+
+TEST_CASE("cuda: BERT on the GPU: fused attention (SDPA) equals the plain one and the CPU, and bf16 autocast stays "
+          "close", "[cuda][bert]") {
+  if (!torch::cuda::is_available()) {
+    WARN("no CUDA device visible: attention on the GPU is checked by scripts/gpu-check on a GPU machine");
+    return;
+  }
+  const torch::Device cuda("cuda:0");
+  // fp32 matmuls in full precision: an earlier test's plan may have allowed TF32 (10-bit mantissa).
+  struct NoTf32 {
+    bool was = at::globalContext().allowTF32CuBLAS();
+    NoTf32() { at::globalContext().setAllowTF32CuBLAS(false); }
+    ~NoTf32() { at::globalContext().setAllowTF32CuBLAS(was); }
+  } no_tf32;
+  torch::manual_seed(1);
+  BertOptions o = BertOptions::preset("bert-mini");
+  o.vocab_size = 200;
+  o.max_positions = 128;
+  o.dropout = o.attention_dropout = 0.0;
+  BertModel model(o);
+  model.eval();
+  auto ids = torch::randint(1, 200, {4, 128}, torch::kLong);
+  ids.slice(1, 100, 128).zero_();  // padding: SDPA gets a mask
+  ids[3].slice(0, 10, 128).zero_();
+  torch::NoGradGuard no_grad;
+  const auto on_cpu = model.forward(ids);
+  model.to(cuda);
+  const auto ids_gpu = ids.to(cuda);
+  const auto plain = [&] {
+    if (!train::models::bert_fused_attention_available()) return model.forward(ids_gpu);
+    model.set_attention(BertAttention::kPlain);
+    auto out = model.forward(ids_gpu);
+    model.set_attention(BertAttention::kFused);
+    return out;
+  }();
+  CHECK(plain.isfinite().all().item<bool>());
+  CHECK((plain.cpu() - on_cpu).abs().max().item<double>() < 1e-4);
+  if (train::models::bert_fused_attention_available()) {
+    const auto fused = model.forward(ids_gpu);
+    CHECK((fused - plain).abs().max().item<double>() < 1e-4);
+  }
+  // bf16 autocast: hidden states after LayerNorm are of order 1; bf16 keeps about 3 digits.
+  torch::Tensor low;
+  {
+    train::AutocastScope autocast(torch::kCUDA, torch::kBFloat16, true);
+    low = model.forward(ids_gpu).to(torch::kFloat);
+  }
+  CHECK(low.isfinite().all().item<bool>());
+  const auto diff = (low - plain).abs();
+  INFO("bf16 against fp32: mean difference " << diff.mean().item<double>() << ", largest " << diff.max().item<double>());
+  CHECK(diff.mean().item<double>() < 2e-2);
+  CHECK(diff.max().item<double>() < 0.3);
 }
 
 TEST_CASE("BERT registry builders and config keys", "[bert]") {

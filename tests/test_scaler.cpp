@@ -253,3 +253,87 @@ TEST_CASE("GradScaler: the CPU fallback matches the ATen kernels bit for bit", "
     }
   }
 }
+
+TEST_CASE("cuda: the scaler on the GPU: the ATen CUDA kernels match the CPU fallback, fp16 included, and a step "
+          "grows, backs off and skips", "[cuda][amp][scaler]") {
+  if (!torch::cuda::is_available()) {
+    WARN("no CUDA device visible: the CUDA loss-scaling kernels are checked by scripts/gpu-check on a GPU machine");
+    return;
+  }
+  const torch::Device cuda("cuda:0");
+  torch::manual_seed(7);
+  SECTION("non-finite check and unscale: CUDA kernel against the CPU fallback") {
+    const float inf = std::numeric_limits<float>::infinity();
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    for (const auto dtype : {torch::kFloat, torch::kHalf, torch::kBFloat16}) {
+      for (const double inv : {1.0 / 65536.0, 1.0 / 3.0, 1.0}) {
+        for (const float bad : {0.0f, inf, nan}) {
+          INFO("dtype " << dtype << ", inv_scale " << inv << ", planted value " << bad);
+          std::vector<torch::Tensor> grads = {(torch::randn({37}) * 100).to(dtype), torch::randn({4, 5}).to(dtype)};
+          if (bad != 0.0f) grads[1][2][3] = bad;
+          std::vector<torch::Tensor> on_gpu, on_cpu;
+          for (const auto& g : grads) {
+            on_gpu.push_back(g.to(cuda));
+            on_cpu.push_back(g.clone());
+          }
+          auto found_gpu = torch::zeros({}, torch::TensorOptions(torch::kFloat).device(cuda));
+          auto found_cpu = torch::zeros({}, torch::kFloat);
+          at::_amp_foreach_non_finite_check_and_unscale_(on_gpu, found_gpu,
+                                                         torch::full({}, inv, torch::TensorOptions(torch::kFloat).device(cuda)));
+          train::detail::non_finite_check_and_unscale(on_cpu, found_cpu, torch::full({}, inv, torch::kFloat));
+          CHECK(same(found_gpu.cpu(), found_cpu));
+          CHECK(found_cpu.item<float>() == (bad == 0.0f ? 0.0f : 1.0f));
+          // Where no value was planted the gradients are unscaled alike (with one, PyTorch leaves
+          // them unspecified: the step is skipped).
+          if (bad == 0.0f) {
+            for (size_t i = 0; i < grads.size(); ++i) CHECK(same(on_gpu[i].cpu(), on_cpu[i]));
+          }
+        }
+      }
+    }
+  }
+  SECTION("scale update: CUDA kernel against the CPU fallback") {
+    auto scale_gpu = torch::full({}, 65536.0, torch::TensorOptions(torch::kFloat).device(cuda));
+    auto tracker_gpu = torch::zeros({}, torch::TensorOptions(torch::kInt).device(cuda));
+    auto scale_cpu = scale_gpu.cpu();
+    auto tracker_cpu = tracker_gpu.cpu();
+    for (const float found : {0.f, 0.f, 0.f, 1.f, 0.f, 2.f, 0.f, 0.f, 0.f, 0.f}) {
+      INFO("found_inf " << found);
+      at::_amp_update_scale_(scale_gpu, tracker_gpu, torch::full({}, found, torch::TensorOptions(torch::kFloat).device(cuda)),
+                             2.0, 0.5, 3);
+      train::detail::update_scale(scale_cpu, tracker_cpu, torch::full({}, found, torch::kFloat), 2.0, 0.5, 3);
+      CHECK(same(scale_gpu.cpu(), scale_cpu));
+      CHECK(same(tracker_gpu.cpu(), tracker_cpu));
+    }
+  }
+  SECTION("a GradScaler over an fp16 autocast step on the GPU") {
+    // fp32 master weight, loss = w . c computed in fp16 by autocast (a matmul): the gradient c,
+    // scaled by 8 in the backward pass, comes back to w in fp32 and is unscaled exactly.
+    auto w = torch::zeros({1, 3}, torch::TensorOptions(torch::kFloat).device(cuda).requires_grad(true));
+    torch::optim::SGD sgd({w}, torch::optim::SGDOptions(1.0));
+    GradScaler scaler(scaler_options(8.0, 2));
+    auto step = [&](const torch::Tensor& c) {
+      sgd.zero_grad();
+      torch::Tensor loss;
+      {
+        AutocastScope autocast(torch::kCUDA, torch::kHalf, true);
+        loss = w.matmul(c.to(cuda).view({3, 1})).squeeze();  // a 0-dim fp16 loss
+      }
+      CHECK(loss.scalar_type() == torch::kHalf);
+      scaler.scale(loss).backward();
+      CHECK(w.grad().scalar_type() == torch::kFloat);
+      const bool stepped = scaler.step(sgd);
+      scaler.update();
+      return stepped;
+    };
+    CHECK(step(grad_c()));
+    CHECK(step(grad_c()));  // second clean step in a row: x2
+    CHECK(scaler.get_scale() == 16.0);
+    CHECK(torch::equal(w.detach().cpu().view({3}), -2 * grad_c()));
+    const auto inf_grad = torch::tensor({1.0f, std::numeric_limits<float>::infinity(), 0.375f});
+    CHECK_FALSE(step(inf_grad));  // skipped, x0.5
+    CHECK(scaler.get_scale() == 8.0);
+    CHECK(torch::equal(w.detach().cpu().view({3}), -2 * grad_c()));
+    for (const auto& [name, tensor] : scaler.state()) CHECK(tensor.device().is_cpu());  // checkpoints hold CPU tensors
+  }
+}

@@ -394,6 +394,54 @@ TEST_CASE("cuda: the plan picks bf16 + channels_last on a tensor-core GPU and tr
   }
 }
 
+TEST_CASE("cuda: precision fp16 (a T4's plan) trains with dynamic loss scaling on the GPU and checkpoints the scale",
+          "[cuda][amp]") {
+  if (!torch::cuda::is_available()) {
+    WARN("no CUDA device visible: fp16 with loss scaling is checked by scripts/gpu-check on a GPU machine");
+    return;
+  }
+  const std::string dir = files::make_temp_directory("train_fp16_");
+  Config c = parse_config(
+      "model: {name: resnet18, in_channels: 3, num_classes: 10, width: 0.25, small_input: true}\n"
+      "data: {kind: synthetic, channels: 3, image_size: 16, synthetic_train_samples: 512, synthetic_val_samples: 128}\n"
+      "optim: {name: sgd, lr: 0.05, momentum: 0.9}\n"
+      "precision: {mode: fp16}\n"
+      "trainer: {global_batch: 64, epochs: 4, device: cuda}\n"
+      "logging: {every_steps: 4}\n",
+      "fp16.yaml");
+  RunParts run = prepare_run(c);
+  CHECK(run.plan.precision == "fp16");
+  CHECK(run.plan.loss_scaling);
+  apply_plan_globals(run.plan);
+  Trainer trainer(c, run.plan, run.model, run.train, run.val, dir);
+  const EvalResult before = trainer.evaluate();
+  const FitResult result = trainer.fit();
+  CHECK(result.val.loss < before.loss);
+  CHECK(result.val.accuracy > 0.3);
+  for (const auto& p : trainer.model().parameters()) CHECK(p.scalar_type() == torch::kFloat);  // fp32 master weights
+  // Every logged window carries the scale: finite, positive, a power of two (x2 / x0.5 from 65536).
+  std::ifstream metrics(files::join(dir, "metrics.jsonl"));
+  int windows = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    if (line.find("\"split\":\"train\"") == std::string::npos) continue;
+    const auto at = line.find("\"loss_scale\":");
+    REQUIRE(at != std::string::npos);
+    const double scale = std::stod(line.substr(at + 13));
+    INFO(line);
+    CHECK(scale > 0);
+    CHECK(std::isfinite(scale));
+    CHECK(std::exp2(std::round(std::log2(scale))) == scale);
+    ++windows;
+  }
+  CHECK(windows > 0);
+  const std::string last = latest_checkpoint(files::join(dir, "checkpoints"));
+  REQUIRE_FALSE(last.empty());
+  const TrainState state = load_checkpoint(last, trainer.model(), nullptr);
+  REQUIRE(state.tensors.count("scaler/scale"));
+  CHECK(state.tensors.at("scaler/scale").item<double>() > 0);
+  files::remove_all(dir);
+}
+
 TEST_CASE("plan: configs/resnet50_imagenet.yaml on a T4 and an A100, without the data", "[plan][probe]") {
   const std::string cache = files::make_temp_directory("train_plan_devices_");
   const std::string config = std::string(TRAIN_SOURCE_DIR) + "/configs/resnet50_imagenet.yaml";
