@@ -236,11 +236,11 @@ int train_in_run_dir(const Config& config, RunParts& run, const std::string& run
       result = trainer.fit(resume_path);
     }
     log::info(log::str("done: ", result.steps, " steps in ", format_duration(result.seconds), "; data wait ",
-                       100.0 * result.data_wait_fraction, "% of loop time",
+                       log::fixed(100.0 * result.data_wait_fraction, 2), "% of loop time",
                        result.loader_workers != run.plan.workers
                            ? log::str(" (loader workers raised to ", result.loader_workers, ")")
                            : std::string(),
-                       result.val.samples ? log::str("; val top-1 ", 100.0 * result.val.accuracy, "%") : ""));
+                       result.val.samples ? log::str("; val top-1 ", log::fixed(100.0 * result.val.accuracy, 2), "%") : ""));
     log::set_file("");
     if (result.diverged_ranks != 0) return kExitRuntime;
     // Stopped by a signal before the end, with a checkpoint to resume from.

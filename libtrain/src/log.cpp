@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <iomanip>
 #include <memory>
 #include <mutex>
 
@@ -90,6 +91,12 @@ void write(Level level, const std::string& message) {
   } else {
     s.console->log(to_spd(level), "{}", message);
   }
+}
+
+std::string fixed(double value, int digits) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(digits) << value;
+  return out.str();
 }
 
 }  // namespace train::log

@@ -4,7 +4,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <iomanip>
 #include <limits>
 #include <optional>
 #include <set>
@@ -177,12 +176,6 @@ int64_t smaller_micro_batch(int64_t n) {
   return 0;
 }
 
-std::string fixed(double v, int digits) {
-  std::ostringstream out;
-  out << std::fixed << std::setprecision(digits) << v;
-  return out.str();
-}
-
 }  // namespace
 
 struct Trainer::Impl {
@@ -282,7 +275,7 @@ struct Trainer::Impl {
     make_loader();
     rewind(position.first, position.second, "raising the loader workers");
     starving.warm = false;
-    log::info(log::str("data wait ", fixed(100.0 * fraction, 1), "% of the last ", measured, " steps with ", before,
+    log::info(log::str("data wait ", log::fixed(100.0 * fraction, 1), "% of the last ", measured, " steps with ", before,
                        " loader worker", before == 1 ? "" : "s", " (> 5%): raising data workers to ", plan.workers,
                        " (at most ", plan.max_workers, ")"));
   }
@@ -699,8 +692,8 @@ FitResult Trainer::fit(const std::string& resume) {
   auto evaluate_and_log = [&]() {
     const EvalResult ev = evaluate();
     if (ev.samples == 0) return ev;
-    log::info(log::str("eval step ", s.step, " | loss ", fixed(ev.loss, 4), " | top-1 ",
-                       fixed(100.0 * ev.accuracy, 2), "% (", ev.samples, " samples)"));
+    log::info(log::str("eval step ", s.step, " | loss ", log::fixed(ev.loss, 4), " | top-1 ",
+                       log::fixed(100.0 * ev.accuracy, 2), "% (", ev.samples, " samples)"));
     MetricRecord r;
     r.add("step", s.step).add("epoch", s.epoch_progress()).add("split", "val").add("loss", ev.loss)
         .add("accuracy", ev.accuracy).add("samples", ev.samples);
@@ -880,10 +873,10 @@ FitResult Trainer::fit(const std::string& resume) {
       const double sps = static_cast<double>(window_samples) / std::max(elapsed, 1e-9);
       const double eta = step_time.mean() * static_cast<double>(s.plan.total_steps - s.step);
       result.train_loss = mean_loss;
-      log::info(log::str("step ", s.step, "/", s.plan.total_steps, " ep ", fixed(s.epoch_progress(), 2), " | loss ",
-                         fixed(mean_loss, 4), " | lr ", lr, " | ", fixed(sps, 1), " samples/s | ",
-                         fixed(1000.0 * elapsed / window_steps, 1), " ms/step | data ",
-                         fixed(100.0 * waited / std::max(elapsed, 1e-9), 1), "% | ETA ", format_duration(eta)));
+      log::info(log::str("step ", s.step, "/", s.plan.total_steps, " ep ", log::fixed(s.epoch_progress(), 2), " | loss ",
+                         log::fixed(mean_loss, 4), " | lr ", lr, " | ", log::fixed(sps, 1), " samples/s | ",
+                         log::fixed(1000.0 * elapsed / window_steps, 1), " ms/step | data ",
+                         log::fixed(100.0 * waited / std::max(elapsed, 1e-9), 1), "% | ETA ", format_duration(eta)));
       MetricRecord r;
       r.add("step", s.step).add("epoch", s.epoch_progress()).add("split", "train").add("loss", mean_loss)
           .add("lr", lr).add("samples_per_s", sps).add("step_time_ms", 1000.0 * elapsed / window_steps)
@@ -933,7 +926,7 @@ FitResult Trainer::fit(const std::string& resume) {
     result.allreduce_wait_seconds = s.sync->stats().wait_seconds;
     if (result.diverged_ranks == 0) {
       log::info(log::str("distributed: parameters identical on all ", s.group->size(), " ranks; waited ",
-                         fixed(result.allreduce_wait_seconds, 2), " s on gradient allreduce in ",
+                         log::fixed(result.allreduce_wait_seconds, 2), " s on gradient allreduce in ",
                          s.sync->stats().syncs, " steps"));
     } else {
       log::warn(log::str("distributed: parameters of ", result.diverged_ranks, " rank(s) differ from rank 0's"));

@@ -30,4 +30,7 @@ std::string str(const Args&... args) {
   return out.str();
 }
 
+// fixed(12.3456, 1) -> "12.3": a number for people, with a fixed count of decimals.
+std::string fixed(double value, int digits);
+
 }  // namespace train::log
