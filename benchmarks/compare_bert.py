@@ -135,14 +135,18 @@ def main():
         summary[name] = {"median_seq_per_s": med, "mfu": mfu}
         rows.append((name, med, mfu, ", ".join(f"{x['seq_per_s']:.1f}" for x in runs[name])))
     summary["ratio_cpp_over_python"] = summary["cpp"]["median_seq_per_s"] / summary["python"]["median_seq_per_s"]
-    print(f"\nBERT-{a.preset.removeprefix('bert-')} MLM, batch {a.batch}, seq {a.seq}, {a.precision}, attention {c['attention']}, "
-          f"{c['optimizer']}, {c['params'] / 1e6:.1f} M parameters, {flops / 1e9:.2f} GFLOP per sequence, "
+    # Per round (C++ and Python ran back to back): less sensitive to the machine drifting between rounds.
+    summary["round_ratios"] = [x["seq_per_s"] / y["seq_per_s"] for x, y in zip(runs["cpp"], runs["python"])]
+    print(f"\nBERT-{a.preset.removeprefix('bert-')} MLM, batch {a.batch}, seq {a.seq}, {a.precision}, "
+          f"attention {c['attention']}, {c['optimizer']}, {c['params'] / 1e6:.1f} M parameters, "
+          f"{flops / 1e9:.2f} GFLOP per sequence, "
           f"{a.device}{f', {a.threads} threads' if a.threads else ''}, {a.rounds} interleaved rounds")
     print("| impl | rounds (seq/s) | median seq/s | MFU |")
     print("|---|---|---|---|")
     for name, med, mfu, each in rows:
         print(f"| {name} | {each} | {med:.1f} | {'' if mfu is None else f'{100 * mfu:.1f}%'} |")
-    print(f"| ratio cpp/python | | {summary['ratio_cpp_over_python']:.3f} | |")
+    print(f"| ratio cpp/python | {', '.join(f'{x:.3f}' for x in summary['round_ratios'])} "
+          f"(median {statistics.median(summary['round_ratios']):.3f}) | {summary['ratio_cpp_over_python']:.3f} | |")
     if a.check:
         ck = summary["check"]
         print(f"same-model check ({a.check_preset}, fp32): {ck['check']}, max |logits diff| "
