@@ -9,7 +9,8 @@ first run, so both sides run the same algorithms.
 With --check (run once, before the timing) the C++ side writes its initial weights, eval logits
 and two training steps (without dropout) for --check-preset to a file, and bert_step.py --check
 loads the weights by name and compares logits, losses and updated weights: the two programs train
-the same model with the same loss and optimizer. A failed check stops the script (exit 1).
+the same model with the same loss and optimizer. A failed check is reported at once and again
+under the table, the timing still runs (a GPU lease is short), and the script exits 1.
 
     python3 benchmarks/compare_bert.py --bin build/bin/bench_bert_step --check --rounds 2 \
         --preset bert-base --batch 64 --seq 128 --precision bf16 --peak-tflops 989 --out results.json
@@ -67,8 +68,7 @@ def same_model_check(a, py_script):
           f"max |weight diff| after {len(report['losses_cpp'])} AdamW steps "
           f"{report['max_abs_weights_diff_after_steps']:.3g}", flush=True)
     if rc != 0:
-        print(json.dumps(report, indent=2), file=sys.stderr)
-        sys.exit("compare_bert.py: the Python model does not compute what the C++ model computes")
+        print(json.dumps(report, indent=2), file=sys.stderr, flush=True)
     return report
 
 
@@ -154,6 +154,9 @@ def main():
               f"max |weight diff| after the steps {ck['max_abs_weights_diff_after_steps']:.3g}")
     if a.out:
         Path(a.out).write_text(json.dumps(summary, indent=2) + "\n")
+    if a.check and summary["check"]["check"] != "pass":
+        sys.exit("compare_bert.py: the same-model check failed: the Python model does not compute what the C++ "
+                 "model computes within the tolerances (its report is above)")
 
 
 if __name__ == "__main__":
