@@ -200,6 +200,26 @@ TEST_CASE("cuda: BERT on the GPU: fused attention (SDPA) equals the plain one an
   CHECK(diff.max().item<double>() < 0.3);
 }
 
+TEST_CASE("BERT MLM: forward and backward under CPU bf16 autocast", "[bert][amp]") {
+  torch::manual_seed(3);
+  BertModel model(tiny(BertHead::kMaskedLM));
+  const auto ids = torch::randint(1, 100, {2, 16}, torch::kLong);
+  torch::Tensor logits;
+  {
+    train::AutocastScope autocast(torch::kCPU, torch::kBFloat16, true);
+    logits = model.forward(ids);
+  }
+  REQUIRE(logits.sizes() == torch::IntArrayRef({2, 16, 100}));
+  CHECK(logits.isfinite().all().item<bool>());
+  torch::nn::functional::cross_entropy(logits.view({-1, 100}).to(torch::kFloat), ids.view({-1})).backward();
+  for (const auto& p : model.named_parameters()) {
+    INFO(p.key());
+    REQUIRE(p.value().grad().defined());
+    CHECK(p.value().grad().scalar_type() == torch::kFloat);  // fp32 master weights
+    CHECK(p.value().grad().isfinite().all().item<bool>());
+  }
+}
+
 TEST_CASE("BERT registry builders and config keys", "[bert]") {
   const train::Config c = train::parse_config(
       "model: {name: bert-mlm, preset: bert-tiny, vocab_size: 500, max_positions: 64, dropout: 0.0}\n"

@@ -225,7 +225,11 @@ torch::Tensor BertModel::pool(const torch::Tensor& hidden) {
 
 torch::Tensor BertModel::mlm_logits(const torch::Tensor& hidden) {
   TORCH_CHECK(transform_dense_, "BERT: this model has no MLM head");
-  auto h = transform_norm_(torch::gelu(transform_dense_(hidden)));
+  auto h = torch::gelu(transform_dense_(hidden));
+  // Under autocast the dense layer's output is 16-bit. LibTorch 2.x's autocast runs layer_norm in
+  // fp32; 1.13's CPU autocast leaves the bf16 input next to fp32 weights, which layer_norm rejects.
+  if (h.scalar_type() != transform_norm_->weight.scalar_type()) h = h.to(transform_norm_->weight.scalar_type());
+  h = transform_norm_(h);
   return torch::nn::functional::linear(h, word_->weight, mlm_bias_);
 }
 
