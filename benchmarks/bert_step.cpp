@@ -1,5 +1,5 @@
-// One BERT masked-LM training step, timed: forward under autocast + cross-entropy over the masked
-// positions + backward + AdamW step, on a fixed synthetic batch already on the device. The C++
+// One BERT masked-LM training step, timed: forward under autocast (the MLM head at the masked
+// positions only, as train's trainer runs it) + cross-entropy + backward + AdamW step, on a fixed synthetic batch already on the device. The C++
 // side of benchmarks/compare_bert.py; bert_step.py is the same model and loop in Python PyTorch
 // eager.
 //
@@ -143,10 +143,12 @@ int run(const Args& a) {
     torch::Tensor loss;
     {
       train::AutocastScope amp(device.type(), torch::kBFloat16, bf16);
-      const auto logits = model->forward(data.input);
-      loss = torch::nn::functional::cross_entropy(
-          logits.view({-1, vocab}).to(torch::kFloat), data.labels.view({-1}),
-          torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100));
+      // As train's trainer does: the MLM head (and its vocabulary-sized logits) only at the
+      // positions that have a target.
+      const auto has_target = data.labels.ne(-100);
+      const auto logits = model->forward_selected(data.input, has_target);
+      loss = torch::nn::functional::cross_entropy(logits.view({-1, vocab}).to(torch::kFloat),
+                                                  data.labels.masked_select(has_target));
     }
     loss.backward();
     optimizer->step();

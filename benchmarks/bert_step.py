@@ -125,7 +125,8 @@ class BertForMaskedLM(nn.Module):
         self.sizes = {"layers": layers, "hidden": hidden, "heads": heads, "intermediate": 4 * hidden,
                       "vocab": VOCAB}
 
-    def forward(self, ids):
+    def forward(self, ids, has_target=None):
+        """Logits [B, T, vocab]; with has_target ([B, T] bool), logits [N, vocab] at those positions only."""
         emb = self.embeddings
         t = ids.shape[1]
         positions = torch.arange(t, device=ids.device).unsqueeze(0)
@@ -135,6 +136,8 @@ class BertForMaskedLM(nn.Module):
         keep = (ids != PAD_ID).view(ids.shape[0], 1, 1, t)
         for layer in self.encoder.layer:
             x = layer(x, keep)
+        if has_target is not None:  # the head only where there is a target, as train's trainer does
+            x = x.reshape(-1, x.shape[-1]).index_select(0, has_target.reshape(-1).nonzero().squeeze(1))
         tr = self.cls.predictions.transform
         h = tr.LayerNorm(F.gelu(tr.dense(x)))
         return F.linear(h, emb.word_embeddings.weight, self.cls.predictions.bias)
@@ -160,8 +163,9 @@ def make_step(model, optimizer, inputs, labels, device, bf16):
     def step():
         optimizer.zero_grad()
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            logits = model(inputs)
-            loss = F.cross_entropy(logits.view(-1, VOCAB).float(), labels.view(-1), ignore_index=-100)
+            has_target = labels != -100
+            logits = model(inputs, has_target)
+            loss = F.cross_entropy(logits.view(-1, VOCAB).float(), labels.masked_select(has_target))
         loss.backward()
         optimizer.step()
         return loss

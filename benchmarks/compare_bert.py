@@ -18,17 +18,18 @@ under the table, the timing still runs (a GPU lease is short), and the script ex
 Model FLOPs per training sequence (the MFU numerator; dropout, softmax, LayerNorm, GELU, the
 embedding lookups and the optimizer are not counted):
 
-    6 * N * T + 12 * L * H * T^2
-    N = L * (4 H^2 + 2 H I) + H^2 + V H
+    6 * E * T + 6 * D * M + 12 * L * H * T^2
+    E = L * (4 H^2 + 2 H I),   D = H^2 + V H
 
-N counts the weights that take part in matrix multiplies, per token: per layer the Q, K, V and
-attention-output projections (4 H^2) and the two feed-forward matrices (2 H I), then the MLM
-transform (H^2) and the decoder tied to the word embeddings (V H, applied at every position
-because the logits cover all T positions). A matmul weight costs 2 FLOPs per token forward and
-4 backward (gradients of the input and of the weight): 6 N T. The attention scores Q K^T and the
-weighted sum A V cost 2 T^2 H FLOPs each per layer forward, times 3 with the backward: 12 L H T^2.
-L layers, H hidden, I intermediate, V vocab, T sequence length. BERT-base at T = 128: N = 109.0 M,
-85.5 GFLOP per sequence.
+E counts the encoder weights that take part in matrix multiplies, per token: per layer the Q, K,
+V and attention-output projections (4 H^2) and the two feed-forward matrices (2 H I). D is the
+MLM head: its transform (H^2) and the decoder tied to the word embeddings (V H), which both sides
+run only at the M positions per sequence that have a target (15 % of T), as train's trainer does.
+A matmul weight costs 2 FLOPs per token forward and 4 backward (gradients of the input and of the
+weight). The attention scores Q K^T and the weighted sum A V cost 2 T^2 H FLOPs each per layer
+forward, times 3 with the backward: 12 L H T^2. L layers, H hidden, I intermediate, V vocab, T
+sequence length. BERT-base at T = 128 and M = 19.2: 69.8 GFLOP per sequence (85.5 if the head ran
+at every position).
 """
 import argparse
 import json
@@ -40,9 +41,10 @@ import time
 from pathlib import Path
 
 
-def train_flops_per_sequence(layers, hidden, intermediate, vocab, seq):
-    matmul_params = layers * (4 * hidden * hidden + 2 * hidden * intermediate) + hidden * hidden + vocab * hidden
-    return 6 * matmul_params * seq + 12 * layers * hidden * seq * seq
+def train_flops_per_sequence(layers, hidden, intermediate, vocab, seq, targets_per_sequence):
+    encoder = layers * (4 * hidden * hidden + 2 * hidden * intermediate)
+    head = hidden * hidden + vocab * hidden
+    return 6 * encoder * seq + 6 * head * targets_per_sequence + 12 * layers * hidden * seq * seq
 
 
 def run(cmd, allow_failure=False):
@@ -126,7 +128,8 @@ def main():
             sys.exit(f"compare_bert.py: the two sides differ in {key}: C++ {first['cpp'][key]}, "
                      f"Python {first['python'][key]}")
     c = first["cpp"]
-    flops = train_flops_per_sequence(c["layers"], c["hidden"], c["intermediate"], c["vocab"], a.seq)
+    flops = train_flops_per_sequence(c["layers"], c["hidden"], c["intermediate"], c["vocab"], a.seq,
+                                     c["targets"] / c["batch"])
     summary.update({"runs": runs, "train_flops_per_sequence": flops})
     rows = []
     for name in ("cpp", "python"):

@@ -220,6 +220,45 @@ TEST_CASE("BERT MLM: forward and backward under CPU bf16 autocast", "[bert][amp]
   }
 }
 
+TEST_CASE("BERT MLM forward_selected: the head at the chosen positions equals forward() there, gradients too",
+          "[bert]") {
+  BertOptions o = tiny(BertHead::kMaskedLM);
+  o.dropout = o.attention_dropout = 0.0;
+  torch::manual_seed(5);
+  BertModel a(o), b(o);
+  {
+    torch::NoGradGuard no_grad;
+    auto pa = a.parameters(), pb = b.parameters();
+    for (size_t i = 0; i < pa.size(); ++i) pb[i].copy_(pa[i]);
+  }
+  auto ids = torch::randint(1, 100, {3, 20}, torch::kLong);
+  ids[2].slice(0, 12, 20).zero_();  // padding
+  const auto positions = torch::rand({3, 20}).lt(0.2);
+  const auto targets = torch::randint(0, 100, {3, 20}, torch::kLong);
+  const int64_t n = positions.sum().item<int64_t>();
+  REQUIRE(n > 0);
+
+  const auto selected = a.forward_selected(ids, positions);
+  REQUIRE(selected.sizes() == torch::IntArrayRef({n, 100}));
+  const auto dense = b.forward(ids);
+  const auto dense_selected = dense.reshape({-1, 100}).index({positions.reshape({-1})});
+  CHECK((selected - dense_selected).abs().max().item<double>() < 1e-5);
+  // The base class's version (select from forward()) gives the same rows.
+  CHECK((a.Model::forward_selected(ids, positions) - selected).abs().max().item<double>() < 1e-5);
+
+  torch::nn::functional::cross_entropy(selected, targets.masked_select(positions)).backward();
+  torch::nn::functional::cross_entropy(dense_selected, targets.masked_select(positions)).backward();
+  auto ga = a.named_parameters(), gb = b.named_parameters();
+  for (const auto& item : ga) {
+    INFO(item.key());
+    REQUIRE(item.value().grad().defined());
+    CHECK((item.value().grad() - gb[item.key()].grad()).abs().max().item<double>() < 1e-5);
+  }
+  // No position selected: no logits, and a loss sum of 0 that still backpropagates.
+  const auto none = a.forward_selected(ids, torch::zeros({3, 20}, torch::kBool));
+  CHECK(none.sizes() == torch::IntArrayRef({0, 100}));
+}
+
 TEST_CASE("BERT registry builders and config keys", "[bert]") {
   const train::Config c = train::parse_config(
       "model: {name: bert-mlm, preset: bert-tiny, vocab_size: 500, max_positions: 64, dropout: 0.0}\n"

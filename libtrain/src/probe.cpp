@@ -265,7 +265,11 @@ class ProbeSession {
     {
       AutocastScope amp(device_.type(), options_.fp16 ? torch::kHalf : torch::kBFloat16,
                         options_.bf16 || options_.fp16);
-      const torch::Tensor logits = model_.forward(input_);
+      const torch::Tensor logits =
+          options_.target_fraction < 1.0
+              ? model_.forward_selected(input_, torch::rand(input_.sizes(), torch::TensorOptions().device(device_))
+                                                    .lt(options_.target_fraction))
+              : model_.forward(input_);
       const torch::Tensor target =
           torch::randint(options_.num_classes, logits.sizes().slice(0, logits.dim() - 1),
                          torch::TensorOptions().dtype(torch::kLong).device(device_));

@@ -130,6 +130,7 @@ MemoryEvidence gather_evidence(const Config& config, const DeviceProfile& device
   options.input_shape = input_shape;
   options.num_classes = num_classes;
   options.optim = config.optim;
+  if (config.data.kind == "tokens") options.target_fraction = config.data.mask_prob;  // MLM targets
   const bool probe_here = !device.named;  // a named device is planned from a probe on this machine
   options.device = probe_here ? device.device_string() : "cpu";
   options.bf16 = probe_here && draft.precision == "bf16";

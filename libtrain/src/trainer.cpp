@@ -601,13 +601,20 @@ EvalResult Trainer::evaluate() {
   auto correct = torch::zeros({}, torch::TensorOptions().dtype(torch::kLong).device(s.device));
   while (auto batch = loader.next()) {
     auto b = s.to_device(*batch);
-    torch::Tensor logits;
+    const bool token_targets = b.target.dim() > 1;
+    torch::Tensor logits, flat_target;
     {
       AutocastScope amp(s.device.type(), s.autocast_dtype(), s.autocast());
-      logits = s.model->forward(b.input);
+      if (token_targets) {  // logits only where there is a target
+        const auto has_target = b.target.ne(data::kIgnoreIndex);
+        logits = s.model->forward_selected(b.input, has_target);
+        flat_target = b.target.masked_select(has_target);
+      } else {
+        logits = s.model->forward(b.input);
+        flat_target = b.target.reshape({-1});
+      }
     }
     auto flat_logits = logits.reshape({-1, logits.size(-1)}).to(torch::kFloat);
-    auto flat_target = b.target.reshape({-1});
     auto valid = flat_target.ne(-100);
     loss_sum += torch::nn::functional::cross_entropy(
                     flat_logits, flat_target,
@@ -727,13 +734,20 @@ FitResult Trainer::fit(const std::string& resume) {
         // gradients rescaled to the mean over every target of the global batch after the step's
         // count is known on all ranks (see token_loss_rescale below).
         const bool token_targets = batch.target.dim() > 1;
-        torch::Tensor loss;
+        torch::Tensor loss, has_target;
         {
           AutocastScope amp(s.device.type(), s.autocast_dtype(), s.autocast());
-          loss = loss_fn(s.model->forward(batch.input), batch.target, s.config.loss.label_smoothing, token_targets);
+          if (token_targets) {
+            // Logits only where there is a target (MLM: 15 % of the positions).
+            has_target = batch.target.ne(data::kIgnoreIndex);
+            loss = loss_fn(s.model->forward_selected(batch.input, has_target), batch.target.masked_select(has_target),
+                           s.config.loss.label_smoothing, /*sum=*/true);
+          } else {
+            loss = loss_fn(s.model->forward(batch.input), batch.target, s.config.loss.label_smoothing);
+          }
         }
         if (token_targets) {
-          micro_targets.push_back(batch.target.ne(data::kIgnoreIndex).sum());
+          micro_targets.push_back(has_target.sum());
           // Positions per micro-batch x accum_steps: the same on every rank and known without a
           // host sync; a loss of the mean's order of magnitude for the loss scaler.
           if (divisor == 0) divisor = static_cast<double>(batch.target.numel() * s.plan.accum_steps);

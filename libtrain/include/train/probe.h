@@ -26,6 +26,8 @@ struct ProbeOptions {
   bool bf16 = false;                 // autocast to bf16
   bool fp16 = false;                 // autocast to fp16 (a CUDA plan for compute capability 7.x)
   bool channels_last = false;        // channels_last parameters and 4-D inputs
+  double target_fraction = 1.0;      // token tasks: share of positions with a target (MLM: data.mask_prob);
+                                     // below 1 the step takes logits at those only (forward_selected)
   OptimConfig optim;                 // the optimizer (and gradient clipping) of the run
   int warmup_steps = 1;              // steps before measuring at each batch size
   int timed_steps = 3;               // steps timed by probe_throughput

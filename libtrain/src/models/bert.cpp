@@ -243,6 +243,13 @@ torch::Tensor BertModel::forward(const torch::Tensor& input) {
   return hidden;
 }
 
+torch::Tensor BertModel::forward_selected(const torch::Tensor& input, const torch::Tensor& positions) {
+  if (options_.head != BertHead::kMaskedLM) return Model::forward_selected(input, positions);
+  const torch::Tensor hidden = encode(input);
+  const torch::Tensor rows = positions.reshape({-1}).nonzero().squeeze(1);  // one host sync: N
+  return mlm_logits(hidden.reshape({-1, hidden.size(-1)}).index_select(0, rows));
+}
+
 torch::Tensor BertModel::random_input(const std::vector<int64_t>& shape, const torch::TensorOptions& options) const {
   // Ids in [1, vocab), those up to pad_id moved down by one: every id but pad_id is equally likely.
   auto ids = torch::randint(1, options_.vocab_size, shape, options.dtype(torch::kLong));

@@ -120,6 +120,11 @@ std::string Model::input_problem(const std::vector<int64_t>& /*sample_shape*/, i
   return "";
 }
 
+torch::Tensor Model::forward_selected(const torch::Tensor& input, const torch::Tensor& positions) {
+  const torch::Tensor logits = forward(input);
+  return logits.reshape({-1, logits.size(-1)}).index_select(0, positions.reshape({-1}).nonzero().squeeze(1));
+}
+
 torch::Tensor Model::random_input(const std::vector<int64_t>& shape, const torch::TensorOptions& options) const {
   return torch::randn(shape, options);
 }

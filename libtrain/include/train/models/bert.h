@@ -76,6 +76,9 @@ class BertModel : public Model {
 
   // input: int64 ids [B, T] (T <= max_positions). Returns what the head gives (see BertHead).
   torch::Tensor forward(const torch::Tensor& input) override;
+  // MLM head: the encoder over every position, the head (transform and the tied vocabulary
+  // projection) only at `positions`; other heads select from forward().
+  torch::Tensor forward_selected(const torch::Tensor& input, const torch::Tensor& positions) override;
   // Ids uniform over the vocab except the pad id (the probe's inputs).
   torch::Tensor random_input(const std::vector<int64_t>& shape, const torch::TensorOptions& options) const override;
   // Token ids [T] with T <= max_positions, from a vocabulary no larger than vocab_size.

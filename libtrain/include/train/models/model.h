@@ -18,6 +18,11 @@ class Model : public torch::nn::Module {
  public:
   // Returns logits: [B, classes] for classification, [B, T, vocab] for token tasks.
   virtual torch::Tensor forward(const torch::Tensor& input) = 0;
+  // Token tasks: logits [N, vocab] at the N positions where `positions` ([B, T] bool) is true, in
+  // row-major order; what the loss needs when most positions have no target (MLM: 15 %). The
+  // default selects them from forward(). A model whose output layer is costly overrides it to run
+  // that layer at those positions only (BERT: the vocabulary projection and its logits).
+  virtual torch::Tensor forward_selected(const torch::Tensor& input, const torch::Tensor& positions);
   // True when the model has batch statistics (BatchNorm), so that micro-batching changes results.
   virtual bool has_batch_stats() const { return false; }
   // True for conv nets (channels_last and cudnn choices).
