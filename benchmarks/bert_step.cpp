@@ -23,6 +23,8 @@
 
 #include <torch/torch.h>
 
+#include "step_timing.h"
+
 #include <algorithm>
 #include <chrono>
 #include <exception>
@@ -189,18 +191,8 @@ int run(const Args& a) {
     return 0;
   }
 
-  for (int i = 0; i < a.warmup; ++i) step();
-  sync(device);
-  std::vector<double> rates;
-  for (int done = 0; done < a.steps; done += a.window) {
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < a.window; ++i) step();
-    sync(device);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    rates.push_back(static_cast<double>(a.batch * a.window) / s);
-  }
-  std::sort(rates.begin(), rates.end());
-  const double median = rates[rates.size() / 2];
+  const bench::Rates rates =
+      bench::time_windows(step, [&] { sync(device); }, a.warmup, a.steps, a.window, a.batch);
   std::cout << "{\"impl\":\"cpp\",\"preset\":\"" << a.preset << "\",\"layers\":" << sizes.num_layers
             << ",\"hidden\":" << sizes.hidden_size << ",\"heads\":" << sizes.num_heads
             << ",\"intermediate\":" << sizes.intermediate_size << ",\"vocab\":" << vocab
@@ -209,8 +201,8 @@ int run(const Args& a) {
             << attention_name(bert.attention()) << "\",\"optimizer\":\"" << train::optimizer_impl(*optimizer)
             << "\",\"threads\":" << at::get_num_threads()
             << ",\"targets\":" << data.labels.ne(-100).sum().item<int64_t>()
-            << ",\"input_sum\":" << data.input.sum().item<int64_t>() << ",\"windows\":" << rates.size()
-            << ",\"seq_per_s\":" << median << ",\"min\":" << rates.front() << ",\"max\":" << rates.back() << "}"
+            << ",\"input_sum\":" << data.input.sum().item<int64_t>() << ",\"windows\":" << rates.sorted.size()
+            << ",\"seq_per_s\":" << rates.median() << ",\"min\":" << rates.min() << ",\"max\":" << rates.max() << "}"
             << std::endl;
   return 0;
 }

@@ -22,11 +22,12 @@ import json
 import math
 import struct
 import sys
-import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from step_timing import time_windows
 
 # Sizes of train's presets (BertOptions::preset): layers, hidden, heads; intermediate 4 x hidden,
 # 512 positions, vocab 30522, 2 token types.
@@ -270,21 +271,7 @@ def main():
     inputs, labels = make_batch(a.batch, a.seq, device)
     step = make_step(model, optimizer, inputs, labels, device, a.precision == "bf16")
 
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-
-    for _ in range(a.warmup):
-        step()
-    sync()
-    rates = []
-    for _ in range(0, a.steps, a.window):
-        t0 = time.perf_counter()
-        for _ in range(a.window):
-            step()
-        sync()
-        rates.append(a.batch * a.window / (time.perf_counter() - t0))
-    rates.sort()
+    rates = time_windows(step, device, a.warmup, a.steps, a.window, a.batch)
     print(json.dumps({"impl": "python", "preset": a.preset, **model.sizes,
                       "params": sum(q.numel() for q in model.parameters()), "batch": a.batch, "seq": a.seq,
                       "precision": a.precision, "attention": a.attention, "optimizer": f"adamw {a.optim_impl}",

@@ -12,6 +12,8 @@
 
 #include <torch/torch.h>
 
+#include "step_timing.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -95,21 +97,11 @@ int main(int argc, char** argv) {
     loss.backward();
     optimizer->step();
   };
-  for (int i = 0; i < a.warmup; ++i) step();
-  sync(device);
-  std::vector<double> rates;
-  for (int done = 0; done < a.steps; done += a.window) {
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < a.window; ++i) step();
-    sync(device);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    rates.push_back(static_cast<double>(a.batch * a.window) / s);
-  }
-  std::sort(rates.begin(), rates.end());
-  const double median = rates[rates.size() / 2];
+  const bench::Rates rates =
+      bench::time_windows(step, [&] { sync(device); }, a.warmup, a.steps, a.window, a.batch);
   std::cout << "{\"impl\":\"cpp\",\"depth\":" << a.depth << ",\"batch\":" << a.batch << ",\"image\":" << a.image
             << ",\"precision\":\"" << a.precision << "\",\"channels_last\":" << (a.channels_last ? "true" : "false")
-            << ",\"windows\":" << rates.size() << ",\"img_per_s\":" << median << ",\"min\":" << rates.front()
-            << ",\"max\":" << rates.back() << "}" << std::endl;
+            << ",\"windows\":" << rates.sorted.size() << ",\"img_per_s\":" << rates.median() << ",\"min\":" << rates.min()
+            << ",\"max\":" << rates.max() << "}" << std::endl;
   return 0;
 }

@@ -6,10 +6,11 @@ channels_last, a fixed synthetic batch already on the device. Prints one JSON li
 """
 import argparse
 import json
-import time
 
 import torch
 import torchvision
+
+from step_timing import time_windows
 
 
 def main():
@@ -51,21 +52,7 @@ def main():
         loss.backward()
         optimizer.step()
 
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-
-    for _ in range(a.warmup):
-        step()
-    sync()
-    rates = []
-    for _ in range(0, a.steps, a.window):
-        t0 = time.perf_counter()
-        for _ in range(a.window):
-            step()
-        sync()
-        rates.append(a.batch * a.window / (time.perf_counter() - t0))
-    rates.sort()
+    rates = time_windows(step, device, a.warmup, a.steps, a.window, a.batch)
     print(json.dumps({"impl": "python", "depth": a.depth, "batch": a.batch, "image": a.image,
                       "precision": a.precision, "channels_last": bool(a.channels_last), "foreach": a.foreach,
                       "windows": len(rates), "img_per_s": rates[len(rates) // 2],
