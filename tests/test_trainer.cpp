@@ -2,6 +2,7 @@
 
 #include <train/checkpoint.h>
 #include <train/config.h>
+#include <train/data/token_file.h>
 #include <train/errors.h>
 #include <train/files.h>
 #include <train/models/model.h>
@@ -493,6 +494,43 @@ TEST_CASE("plan: configs/resnet50_imagenet.yaml on a T4 and an A100, without the
   // fit still needs the data: the missing folder is an input error.
   CHECK_THROWS_AS(prepare_run(load_config(config, {"data.root=" + cache + "/none"})), DataError);
   files::remove_all(cache);
+}
+
+TEST_CASE("plan cache: a masked-LM plan is keyed by data.mask_prob since it sets the size of the head", "[plan][probe][bert]") {
+  const std::string dir = temp_dir("mlm_cache");
+  {
+    std::ofstream vocab(files::join(dir, "vocab.txt"));
+    vocab << "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n";
+    for (int i = 0; i < 45; ++i) vocab << "w" << i << "\n";
+  }
+  std::vector<std::vector<int64_t>> docs;
+  for (int d = 0; d < 24; ++d) {
+    docs.emplace_back();
+    for (int t = 0; t < 12 + d; ++t) docs.back().push_back(5 + (d * 7 + t * 3) % 45);
+  }
+  train::data::TokenFileOptions token_options;
+  token_options.vocab_size = 50;
+  token_options.special = {0, 1, 2, 3, 4};
+  train::data::write_token_file(files::join(dir, "train.tokens"), docs, token_options);
+  train::data::write_token_file(files::join(dir, "val.tokens"), docs, token_options);
+  auto plan_with = [&](const std::string& mask_prob) {
+    const Config c = parse_config(
+        "model: {name: bert-mlm, preset: bert-tiny, vocab_size: 50, num_classes: 50, max_positions: 16}\n"
+        "data: {kind: tokens, root: " + dir + ", vocab_file: vocab.txt, seq_len: 16, workers: 0, mask_prob: " +
+            mask_prob + "}\n"
+        "trainer: {global_batch: 8, max_steps: 1}\n"
+        "tuning: {device: a100-80gb, cache_dir: " + dir + "/cache}\n",
+        "mlm.yaml");
+    return prepare_run(c).plan.memory.source;
+  };
+  CHECK_THAT(plan_with("0.15"), !Catch::Contains("plan cache"));
+  CHECK_THAT(plan_with("0.15"), Catch::Contains("plan cache"));
+  // Twice the masked positions: twice the head's logits per sample, so neither the plan nor the
+  // CPU measurement behind it may come from the cache.
+  const std::string other = plan_with("0.3");
+  CHECK_THAT(other, !Catch::Contains("plan cache"));
+  CHECK_THAT(other, !Catch::Contains("measured earlier"));
+  files::remove_all(dir);
 }
 
 TEST_CASE("fit: dynamic loss scaling changes nothing but the scale, and resumes with it", "[trainer][amp]") {

@@ -33,6 +33,15 @@ std::string model_signature(const torch::nn::Module& model) {
   return std::to_string(models::count_parameters(model)) + " params, shapes " + buf;
 }
 
+// Which outputs the probe's loss reads: every sample's, or (masked-LM) only the masked positions,
+// whose share sets the size of the head's logits and so the memory per sample.
+double target_fraction(const Config& config) { return config.data.kind == "tokens" ? config.data.mask_prob : 1.0; }
+
+std::string targets_string(const Config& config) {
+  const double f = target_fraction(config);
+  return f >= 1.0 ? "every position" : "masked positions, mask_prob " + log::fixed(f, 3);
+}
+
 std::string shape_string(const std::vector<int64_t>& shape) {
   std::string s;
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? "x" : "") + std::to_string(shape[i]);
@@ -52,6 +61,7 @@ PlanCacheKey cache_key(const Config& config, const DeviceProfile& device, const 
 #endif
   key.add("model", model_signature(model));
   key.add("input", shape_string(input_shape));
+  key.add("targets", targets_string(config));
   key.add("world_size", std::to_string(world_size));
   key.add("precision", draft.precision + (draft.channels_last ? ", channels_last" : ""));
   key.add("optimizer", config.optim.name);
@@ -86,6 +96,7 @@ MemoryFit cpu_measurement_for_named_device(const Config& config, models::Model& 
   key.add("libtorch", compat::torch_version());
   key.add("model", model_signature(model));
   key.add("input", shape_string(options.input_shape));
+  key.add("targets", targets_string(config));
   key.add("optimizer", config.optim.name);
   key.add("batches", batch_list);
   MemoryFit fit;
@@ -130,7 +141,7 @@ MemoryEvidence gather_evidence(const Config& config, const DeviceProfile& device
   options.input_shape = input_shape;
   options.num_classes = num_classes;
   options.optim = config.optim;
-  if (config.data.kind == "tokens") options.target_fraction = config.data.mask_prob;  // MLM targets
+  options.target_fraction = target_fraction(config);
   const bool probe_here = !device.named;  // a named device is planned from a probe on this machine
   options.device = probe_here ? device.device_string() : "cpu";
   options.bf16 = probe_here && draft.precision == "bf16";
