@@ -88,6 +88,13 @@ TEST_CASE("cli: doctor and plan --device", "[cli]") {
   CHECK_THAT(train::cuda_failure_hint("CUDA driver version is insufficient for CUDA runtime version"),
              Catch::Contains("driver"));
   CHECK(train::cuda_failure_hint("something else").empty());
+  // CUDA's minor version compatibility: an older minor version warns; an older major fails.
+  CHECK(train::cuda_driver_check(13000, 13000).status == "ok");
+  CHECK(train::cuda_driver_check(13020, 13000).status == "ok");
+  CHECK(train::cuda_driver_check(12020, 12040).status == "warn");
+  CHECK_THAT(train::cuda_driver_check(12020, 12040).hint, Catch::Contains("minor version compatibility"));
+  CHECK(train::cuda_driver_check(12080, 13000).status == "fail");
+  CHECK_THAT(train::cuda_driver_check(11080, 12040).hint, Catch::Contains("update the NVIDIA driver"));
   TempDir tmp("plan");
   const std::string cfg = tmp.write("run.yaml", std::string(kSynthetic) + "tuning: {cache_dir: " + tmp.path + "}\n");
   CHECK(cli({"plan", cfg, "--device", "a100-80gb", "--json"}) == train::kExitOk);

@@ -2,7 +2,11 @@
 
 #include <train/device.h>
 #include <train/errors.h>
+#include <train/files.h>
 
+#include <algorithm>
+#include <cmath>
+#include <fstream>
 #include <set>
 #include <string>
 
@@ -221,4 +225,50 @@ TEST_CASE("device: every table entry is complete and consistent", "[device]") {
     // The canonical device name, with the memory the table gives, finds its own entry.
     CHECK(matched_key(spec.display_name, spec.cc_major, spec.cc_minor, spec.memory_gb) == spec.key);
   }
+}
+
+TEST_CASE("device: the CPU quota comes from the process's own cgroup and the strictest of its parents",
+          "[device]") {
+  const std::string root = files::make_temp_directory("train_cgroup_");
+  auto put = [&](const std::string& rel, const std::string& text) {
+    const std::string path = files::join(root, rel);
+    files::make_directories(path.substr(0, path.find_last_of('/')));
+    std::ofstream(path) << text;
+  };
+  const std::string self = files::join(root, "self_cgroup");
+
+  // cgroup v2: a systemd unit or a container without its own namespace, two levels below the root.
+  put("v2/cgroup.controllers", "cpu io memory\n");
+  put("v2/cpu.max", "max 100000\n");
+  put("v2/a/cpu.max", "max 100000\n");
+  put("v2/a/b/cpu.max", "200000 100000\n");
+  put("self_cgroup", "0::/a/b\n");
+  CHECK(cgroup_cpu_quota(root + "/v2", self) == Approx(2.0));
+  put("v2/a/cpu.max", "150000 100000\n");  // a parent's limit binds its children
+  CHECK(cgroup_cpu_quota(root + "/v2", self) == Approx(1.5));
+  put("self_cgroup", "0::/\n");  // a cgroup namespace: the container's cgroup is the root
+  CHECK(cgroup_cpu_quota(root + "/v2", self) == 0);
+  put("v2/cpu.max", "400000 100000\n");
+  CHECK(cgroup_cpu_quota(root + "/v2", self) == Approx(4.0));
+
+  // cgroup v1: the cpu controller's line, its mount, and the levels that exist under it (without a
+  // cgroup namespace a container's path is not there, and its own cgroup is the mount's root).
+  put("v1/cpu,cpuacct/cpu.cfs_quota_us", "-1\n");
+  put("v1/cpu,cpuacct/cpu.cfs_period_us", "100000\n");
+  put("v1/cpu,cpuacct/x/cpu.cfs_quota_us", "300000\n");
+  put("v1/cpu,cpuacct/x/cpu.cfs_period_us", "100000\n");
+  put("self_cgroup", "5:memory:/x\n4:cpu,cpuacct:/x\n1:name=systemd:/x\n");
+  CHECK(cgroup_cpu_quota(root + "/v1", self) == Approx(3.0));
+  put("self_cgroup", "4:cpu,cpuacct:/docker/0123abcd\n");
+  CHECK(cgroup_cpu_quota(root + "/v1", self) == 0);
+  put("v1/cpu,cpuacct/cpu.cfs_quota_us", "100000\n");
+  CHECK(cgroup_cpu_quota(root + "/v1", self) == Approx(1.0));
+
+  // Nothing readable: no quota.
+  CHECK(cgroup_cpu_quota(root + "/none", root + "/none/cgroup") == 0);
+  // This machine's own answer is consistent with the core count.
+  const double quota = cgroup_cpu_quota();
+  CHECK(available_cores() >= 1);
+  if (quota > 0) CHECK(available_cores() <= std::max(1.0, std::floor(quota)));
+  files::remove_all(root);
 }

@@ -237,11 +237,64 @@ TEST_CASE("plan: measured memory bounds the micro-batch and keeps the global bat
   CHECK(p.lr == Approx(c.optim.lr));
   CHECK_THAT(p.to_text(), Catch::Contains("measured memory fits 100") && Catch::Contains("38 MiB/sample"));
 
+  in.memory.throughput = {{16, 1000.0}, {32, 1900.0}, {64, 1950.0}};
   in.memory.throughput_choice = 32;  // doubling past 32 gained < 5%
   const Plan q = make_plan(c, gpu_profile(8), in);
   CHECK(q.micro_batch == 32);
   CHECK(q.accum_steps == 8);
   CHECK_THAT(q.to_text(), Catch::Contains("gained < 5%"));
+}
+
+TEST_CASE("plan: the throughput choice caps the micro-batch only when a larger size was timed", "[plan]") {
+  // A per-rank batch of 24: the probe timed powers of two up to it, so only 16, which is its
+  // choice by default; 24 itself was never timed and fits, so it runs in one pass.
+  Config c = base_config(24);
+  PlanInputs in;
+  in.memory.max_micro_batch = 1000;
+  in.memory.budget_bytes = int64_t{72} << 30;
+  in.memory.throughput = {{16, 5000.0}};
+  in.memory.throughput_choice = 16;
+  const Plan p = make_plan(c, gpu_profile(8), in);
+  CHECK(p.micro_batch == 24);
+  CHECK(p.accum_steps == 1);
+  CHECK_THAT(p.to_text(), !Catch::Contains("gained < 5%"));
+
+  // Scale mode: the largest size timed, 1024 of 3000 that fit, is no throughput limit either.
+  c.tuning.batch = "scale";
+  in.memory.max_micro_batch = 3000;
+  in.memory.throughput = {{16, 100.0}, {256, 1600.0}, {1024, 6000.0}};
+  in.memory.throughput_choice = 1024;
+  c.tuning.max_global_batch = 1 << 20;
+  const Plan s = make_plan(c, gpu_profile(8), in);
+  CHECK(s.micro_batch == 2048);
+  CHECK_THAT(s.to_text(), Catch::Contains("memory fits 3000") && !Catch::Contains("gained < 5%"));
+}
+
+TEST_CASE("plan: when not even one sample fits the budget the plan takes micro-batch 1 and warns", "[plan]") {
+  Config c = base_config(128);
+  PlanInputs in;
+  in.memory.fixed_bytes = int64_t{1} << 30;  // the fixed cost alone is over the budget
+  in.memory.per_sample_bytes = 8.0 * (1 << 20);
+  in.memory.budget_bytes = int64_t{160} << 20;
+  in.memory.max_micro_batch = 0;
+  in.memory.estimate = true;
+  in.memory.source = "probe on cpu at 2, 4, converted to fp16 on Tesla T4";
+  const Plan p = make_plan(c, gpu_profile(7), in);
+  CHECK(p.micro_batch == 1);
+  CHECK(p.accum_steps == 128);
+  CHECK(p.global_batch == 128);
+  CHECK_THAT(p.to_text(), Catch::Contains("WARNING: not even one sample fits") &&
+                              Catch::Contains("tuning.memory_fraction") && !Catch::Contains("whole per-rank batch"));
+  // A fixed micro-batch is kept, with the same warning.
+  c.tuning.micro_batch = 8;
+  CHECK_THAT(make_plan(c, gpu_profile(7), in).to_text(), Catch::Contains("WARNING: not even one sample fits"));
+  // Scale mode cannot grow, and says why.
+  c.tuning.micro_batch = 0;
+  c.tuning.batch = "scale";
+  const Plan s = make_plan(c, gpu_profile(7), in);
+  CHECK(s.global_batch == 128);
+  CHECK(s.micro_batch == 1);
+  CHECK_THAT(s.to_text(), Catch::Contains("not even one sample fits") && !Catch::Contains("no memory measurement"));
 }
 
 TEST_CASE("plan: scale mode grows the global batch and scales the LR", "[plan]") {
@@ -264,7 +317,17 @@ TEST_CASE("plan: scale mode grows the global batch and scales the LR", "[plan]")
 
   c.tuning.lr_scaling = "linear";
   c.tuning.max_global_batch = 512;
-  CHECK(make_plan(c, gpu_profile(8), in).global_batch == 512);
+  const Plan capped = make_plan(c, gpu_profile(8), in);
+  CHECK(capped.global_batch == 512);
+  CHECK_THAT(capped.to_text(), Catch::Contains("tuning.max_global_batch 512"));
+  // The reason names the limit that stopped the growth, not the memory.
+  c.tuning.max_global_batch = 0;
+  c.tuning.max_micro_batch = 64;
+  const Plan micro_capped = make_plan(c, gpu_profile(8), in);
+  CHECK(micro_capped.global_batch == 256);
+  CHECK_THAT(micro_capped.to_text(),
+             Catch::Contains("tuning.max_micro_batch 64") && !Catch::Contains("memory allows no more"));
+  c.tuning.max_micro_batch = 0;
 
   // Gradual warmup when the LR was scaled up and none is configured.
   c.tuning.max_global_batch = 0;

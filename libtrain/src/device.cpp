@@ -11,13 +11,16 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <sstream>
 #include <utility>
+#include <vector>
 
 #include "compat.h"
 #include "suggest.h"
 #include "train/config.h"
 #include "train/errors.h"
+#include "train/files.h"
 
 #ifdef TRAIN_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -39,16 +42,28 @@ std::string read_first_line(const std::string& path) {
   return line;
 }
 
-// cgroup v2 "cpu.max" ("max 100000" or "200000 100000"), then v1 cfs quota/period.
-double cgroup_cpu_limit() {
-  std::istringstream v2(read_first_line("/sys/fs/cgroup/cpu.max"));
-  std::string quota;
-  double period = 0;
-  if (v2 >> quota >> period && quota != "max" && period > 0) return std::stod(quota) / period;
-  const std::string q = read_first_line("/sys/fs/cgroup/cpu/cpu.cfs_quota_us");
-  const std::string p = read_first_line("/sys/fs/cgroup/cpu/cpu.cfs_period_us");
-  if (!q.empty() && !p.empty() && std::stod(q) > 0 && std::stod(p) > 0) return std::stod(q) / std::stod(p);
+// One cgroup directory's CPU limit in cores: v2 "cpu.max" ("max 100000" or "200000 100000"), or
+// v1 cpu.cfs_quota_us / cpu.cfs_period_us (quota -1 = none). 0 when it sets none.
+double cgroup_dir_limit(const std::string& dir, bool v2) {
+  try {
+    if (v2) {
+      std::istringstream in(read_first_line(dir + "/cpu.max"));
+      std::string quota;
+      double period = 0;
+      if (in >> quota >> period && quota != "max" && period > 0) return std::stod(quota) / period;
+      return 0;
+    }
+    const std::string q = read_first_line(dir + "/cpu.cfs_quota_us");
+    const std::string p = read_first_line(dir + "/cpu.cfs_period_us");
+    if (!q.empty() && !p.empty() && std::stod(q) > 0 && std::stod(p) > 0) return std::stod(q) / std::stod(p);
+  } catch (const std::exception&) {  // an unreadable number: no limit known
+  }
   return 0;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
 std::string cpu_model() {
@@ -274,13 +289,57 @@ void detect_cpu(DeviceProfile& p) {
 
 }  // namespace
 
+double cgroup_cpu_quota(const std::string& root, const std::string& self_cgroup_file) {
+  // The process's cgroup path: "0::/path" (v2), or "N:cpu,cpuacct:/path" (v1, the cpu controller).
+  const bool v2 = files::exists(root + "/cgroup.controllers");
+  std::string path;
+  bool found = false;
+  std::istringstream lines(read_file(self_cgroup_file));
+  for (std::string line; std::getline(lines, line);) {
+    const auto first = line.find(':'), second = line.find(':', first + 1);
+    if (first == std::string::npos || second == std::string::npos) continue;
+    const std::string controllers = line.substr(first + 1, second - first - 1);
+    bool cpu = false;
+    std::istringstream names(controllers);
+    for (std::string name; std::getline(names, name, ',');) cpu = cpu || name == "cpu";
+    if (v2 ? line.compare(0, first + 1, "0:") == 0 && controllers.empty() : cpu) {
+      path = line.substr(second + 1);
+      found = true;
+      break;
+    }
+  }
+  std::vector<std::string> mounts;
+  if (v2) {
+    mounts = {root};
+  } else {
+    for (const char* name : {"/cpu", "/cpu,cpuacct", "/cpuacct,cpu"}) {
+      if (files::exists(root + name)) mounts.push_back(root + name);
+    }
+  }
+  // The smallest limit from the process's cgroup up to the mount's root: a parent's limit binds its
+  // children. Without a cgroup namespace the path may not exist under the mount (a container sees
+  // its own cgroup as the root), and then only the levels that exist count.
+  double limit = 0;
+  for (const std::string& mount : mounts) {
+    std::string rel = found ? path : "/";
+    while (true) {
+      const double here = cgroup_dir_limit(rel == "/" ? mount : mount + rel, v2);
+      if (here > 0 && (limit == 0 || here < limit)) limit = here;
+      if (rel.empty() || rel == "/") break;
+      const auto slash = rel.find_last_of('/');
+      rel = slash == 0 || slash == std::string::npos ? "/" : rel.substr(0, slash);
+    }
+  }
+  return limit;
+}
+
 int available_cores() {
   cpu_set_t set;
   CPU_ZERO(&set);
   int cores = 0;
   if (sched_getaffinity(0, sizeof(set), &set) == 0) cores = CPU_COUNT(&set);
   if (cores <= 0) cores = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
-  const double quota = cgroup_cpu_limit();
+  const double quota = cgroup_cpu_quota();
   if (quota > 0) cores = std::max(1, std::min(cores, static_cast<int>(std::floor(quota))));
   return cores;
 }

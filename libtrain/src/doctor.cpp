@@ -40,6 +40,24 @@ bool nvidia_hardware_present() {
 
 }  // namespace
 
+DoctorCheck cuda_driver_check(int driver, int runtime) {
+  const std::string detail = "supports CUDA " + version_string(driver);
+  if (driver / 1000 < runtime / 1000) {
+    return {"cuda_driver", "fail", detail,
+            "the driver supports CUDA " + version_string(driver) + " but LibTorch's runtime is CUDA " +
+                version_string(runtime) + ", a newer major version: update the NVIDIA driver"};
+  }
+  if (driver < runtime) {
+    // CUDA's minor version compatibility: a driver of the same major version runs a newer runtime's
+    // code, except what needs the newer driver (PTX compiled at run time, some newer APIs).
+    return {"cuda_driver", "warn", detail,
+            "runtime CUDA " + version_string(runtime) + " runs on this driver by CUDA's minor version "
+            "compatibility; kernels compiled at run time from PTX (GPUs newer than LibTorch's build) need "
+            "a driver for CUDA " + version_string(runtime)};
+  }
+  return {"cuda_driver", "ok", detail, ""};
+}
+
 std::string cuda_failure_hint(const std::string& m) {
   if (m.find("no kernel image") != std::string::npos) {
     return "this LibTorch has no kernels for the GPU's compute capability: install a LibTorch/PyTorch build that "
@@ -87,11 +105,7 @@ std::vector<DoctorCheck> run_doctor() {
                                                   "dmesg and nvidia-smi"
                                                 : ""});
   } else {
-    const bool too_old = driver < runtime;
-    checks.push_back({"cuda_driver", too_old ? "fail" : "ok", "supports CUDA " + version_string(driver),
-                      too_old ? "the driver supports CUDA " + version_string(driver) + " but LibTorch needs " +
-                                    version_string(runtime) + ": update the NVIDIA driver"
-                              : ""});
+    checks.push_back(cuda_driver_check(driver, runtime));
   }
   const int gpus = torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
   if (gpus > 0) {

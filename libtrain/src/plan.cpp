@@ -44,6 +44,22 @@ std::string describe_memory(const MemoryEvidence& m) {
   return s;
 }
 
+// A probe ran (it set a budget) and predicts that not even one sample fits: the fixed cost alone
+// exceeds the budget, or every size tried ran out of memory.
+bool nothing_fits(const MemoryEvidence& m) { return m.budget_bytes > 0 && m.max_micro_batch == 0; }
+
+std::string nothing_fits_warning(const MemoryEvidence& m) {
+  return "WARNING: not even one sample fits the memory budget, expect out-of-memory; use a smaller model, input or "
+         "precision, or raise tuning.memory_fraction (" + describe_memory(m) + ")";
+}
+
+// The throughput choice caps the micro-batch only when a larger size was timed and gained too
+// little; when the choice is the largest size timed, nothing beyond it was measured.
+bool larger_size_timed(const MemoryEvidence& m) {
+  return std::any_of(m.throughput.begin(), m.throughput.end(),
+                     [&](const std::pair<int64_t, double>& t) { return t.first > m.throughput_choice; });
+}
+
 // Largest divisor of n that is <= cap.
 int64_t largest_divisor_at_most(int64_t n, int64_t cap) {
   for (int64_t d = std::min(n, cap); d >= 1; --d) {
@@ -74,23 +90,41 @@ Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInpu
   // ---- scale mode: grow the global batch with the memory available (accumulation 1) ----
   if (scale_mode && config.tuning.micro_batch == 0 && mem.max_micro_batch > 0) {
     const int64_t limit = config.tuning.max_global_batch > 0 ? config.tuning.max_global_batch : 32 * base_batch;
+    // The micro-batch each rank adds, and what stopped it growing further.
     int64_t micro = pow2_at_most(mem.max_micro_batch);
-    if (mem.throughput_choice > 0) micro = std::min(micro, mem.throughput_choice);
-    micro = std::min(micro, std::max<int64_t>(1, limit / plan.world_size));
-    if (config.tuning.max_micro_batch > 0) micro = std::min(micro, config.tuning.max_micro_batch);
+    std::string bound = std::string(mem.estimate ? "estimated" : "measured") + " memory fits " +
+                        std::to_string(mem.max_micro_batch) + ", rounded down to a power of two";
+    auto cap = [&](int64_t value, const std::string& why) {
+      if (value < micro) {
+        micro = value;
+        bound = why;
+      }
+    };
+    if (mem.throughput_choice > 0 && larger_size_timed(mem)) {
+      cap(mem.throughput_choice, "throughput: doubling beyond " + std::to_string(mem.throughput_choice) + " gained < 5%");
+    }
+    cap(std::max<int64_t>(1, limit / plan.world_size),
+        (config.tuning.max_global_batch > 0 ? "tuning.max_global_batch " : "32 x the base batch, ") +
+            std::to_string(limit) + " over world " + std::to_string(plan.world_size));
+    if (config.tuning.max_micro_batch > 0) {
+      cap(config.tuning.max_micro_batch, "tuning.max_micro_batch " + std::to_string(config.tuning.max_micro_batch));
+    }
     if (micro * plan.world_size > plan.global_batch) {
       plan.global_batch = micro * plan.world_size;
       plan.scaled_batch = true;
     }
     decide("global_batch", std::to_string(plan.global_batch),
            plan.scaled_batch ? "tuning.batch scale: micro-batch " + std::to_string(micro) + " x world " +
-                                   std::to_string(plan.world_size) + " (memory allows " +
-                                   std::to_string(mem.max_micro_batch) + "; cap " + std::to_string(limit) + ")"
-                             : "tuning.batch scale: memory allows no more than trainer.global_batch");
+                                   std::to_string(plan.world_size) + " (" + bound + ")"
+                             : "tuning.batch scale: no more than trainer.global_batch, since micro-batch " +
+                                   std::to_string(micro) + " x world " + std::to_string(plan.world_size) +
+                                   " is not larger (" + bound + ")");
   } else {
     decide("global_batch", std::to_string(plan.global_batch),
-           scale_mode ? "tuning.batch scale, but no memory measurement on this device: trainer.global_batch"
-                      : "trainer.global_batch (tuning.batch fixed: the same on every device)");
+           !scale_mode ? "trainer.global_batch (tuning.batch fixed: the same on every device)"
+           : nothing_fits(mem)
+               ? "tuning.batch scale, but not even one sample fits the memory budget: trainer.global_batch"
+               : "tuning.batch scale, but no memory measurement on this device: trainer.global_batch");
   }
 
   // ---- batch arithmetic: global = micro x accum x world ----
@@ -124,12 +158,15 @@ Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInpu
       cap = mem.max_micro_batch;
       why.push_back(std::string(mem.estimate ? "estimated" : "measured") + " memory fits " + std::to_string(cap));
     }
-    if (mem.throughput_choice > 0 && mem.throughput_choice < cap) {
+    if (mem.throughput_choice > 0 && mem.throughput_choice < cap && larger_size_timed(mem)) {
       cap = mem.throughput_choice;
       why.push_back("throughput: doubling beyond " + std::to_string(cap) + " gained < 5%");
     }
     plan.micro_batch = largest_divisor_at_most(per_rank, cap);
-    if (why.empty()) {
+    if (nothing_fits(mem)) {
+      plan.micro_batch = 1;
+      micro_reason = "the smallest micro-batch";
+    } else if (why.empty()) {
       micro_reason = "whole per-rank batch in one pass (global " + std::to_string(plan.global_batch) + " / world " +
                      std::to_string(plan.world_size) + ")";
     } else {
@@ -137,7 +174,11 @@ Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInpu
       for (size_t i = 0; i < why.size(); ++i) micro_reason += (i ? "; " : "") + why[i];
     }
   }
-  if (mem.max_micro_batch > 0 || mem.per_sample_bytes > 0) micro_reason += "; " + describe_memory(mem);
+  if (nothing_fits(mem)) {
+    micro_reason += "; " + nothing_fits_warning(mem);
+  } else if (mem.max_micro_batch > 0 || mem.per_sample_bytes > 0) {
+    micro_reason += "; " + describe_memory(mem);
+  }
   plan.accum_steps = per_rank / plan.micro_batch;
   decide("micro_batch", std::to_string(plan.micro_batch), micro_reason);
   decide("accum_steps", std::to_string(plan.accum_steps),

@@ -160,6 +160,13 @@ MemoryEvidence gather_evidence(const Config& config, const DeviceProfile& device
                                            measurement_cached);
   } else {
     fit = probe_memory(model, options, batches);
+    if (!fit.measured() && device.is_cuda()) {
+      // Even the smallest size ran out of memory: measure below it, keeping those points.
+      std::vector<ProbePoint> points = probe_memory(model, options, {1, 2, 4}).points;
+      points.insert(points.end(), fit.points.begin(), fit.points.end());
+      fit = fit_memory(std::move(points));
+      batch_list = "1, 2, 4, " + batch_list;
+    }
   }
   evidence.fixed_bytes = fit.fixed_bytes;
   evidence.per_sample_bytes = fit.per_sample_bytes;

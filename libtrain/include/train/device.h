@@ -83,8 +83,15 @@ const std::vector<GpuSpec>& gpu_specs();
 const GpuSpec* match_gpu(const std::string& cuda_name, int cc_major, int cc_minor, int64_t memory_bytes,
                          std::string* how = nullptr);
 
-// Cores this process may run on: sched affinity, capped by a cgroup v2/v1 CPU quota.
+// Cores this process may run on: sched affinity, capped by its cgroup's CPU quota (rounded down,
+// at least 1).
 int available_cores();
+// The CPU quota of this process's cgroup, in cores; 0 when none applies. The smallest cgroup v2
+// cpu.max, or v1 cpu.cfs_quota_us / cpu.cfs_period_us, from the process's own cgroup (named in
+// /proc/self/cgroup) up to the root of the hierarchy: a systemd CPUQuota= or a container's --cpus
+// sets it below the root. The paths are parameters for tests.
+double cgroup_cpu_quota(const std::string& root = "/sys/fs/cgroup",
+                        const std::string& self_cgroup_file = "/proc/self/cgroup");
 
 // Peak memory so far, in MiB, for the metrics: on "cuda[:N]" the most the caching allocator has
 // handed out at once (since the last peak-statistics reset); on "cpu" the process's peak
