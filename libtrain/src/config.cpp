@@ -429,7 +429,7 @@ std::vector<Key> build_schema() {
              "fixed = the same global batch on every device; scale = grow it with the memory available")
           .one_of({"fixed", "scale"}),
       tuning("lr_scaling", &TuningConfig::lr_scaling,
-             "scale mode: how optim.lr follows the global batch relative to base_batch")
+             "how optim.lr follows a global batch other than base_batch (grown by scale mode, or set so)")
           .one_of({"linear", "sqrt", "none"}),
       tuning("base_batch", &TuningConfig::base_batch,
              "the global batch optim.lr was tuned for; 0 = trainer.global_batch")
