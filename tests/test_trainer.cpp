@@ -490,6 +490,10 @@ TEST_CASE("plan: configs/resnet50_imagenet.yaml on a T4 and an A100, without the
   const RunParts again = plan_for({"tuning.device=t4"});
   CHECK_THAT(again.plan.memory.source, Catch::Contains("plan cache"));
   CHECK(again.plan.micro_batch == t4.plan.micro_batch);
+  // SGD without momentum keeps no state per parameter: another measurement.
+  const RunParts plain_sgd = plan_for({"tuning.device=t4", "optim.momentum=0"});
+  CHECK_THAT(plain_sgd.plan.memory.source, !Catch::Contains("plan cache"));
+  CHECK(plain_sgd.plan.memory.fixed_bytes < t4.plan.memory.fixed_bytes);
 
   // fit still needs the data: the missing folder is an input error.
   CHECK_THROWS_AS(prepare_run(load_config(config, {"data.root=" + cache + "/none"})), DataError);

@@ -42,6 +42,12 @@ std::string targets_string(const Config& config) {
   return f >= 1.0 ? "every position" : "masked positions, mask_prob " + log::fixed(f, 3);
 }
 
+// The optimizer as far as memory goes: the state it keeps per parameter.
+std::string optimizer_string(const Config& config) {
+  if (config.optim.name == "sgd") return config.optim.momentum != 0.0 ? "sgd, momentum" : "sgd, no momentum";
+  return config.optim.name;
+}
+
 std::string shape_string(const std::vector<int64_t>& shape) {
   std::string s;
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? "x" : "") + std::to_string(shape[i]);
@@ -64,7 +70,7 @@ PlanCacheKey cache_key(const Config& config, const DeviceProfile& device, const 
   key.add("targets", targets_string(config));
   key.add("world_size", std::to_string(world_size));
   key.add("precision", draft.precision + (draft.channels_last ? ", channels_last" : ""));
-  key.add("optimizer", config.optim.name);
+  key.add("optimizer", optimizer_string(config));
   key.add("memory_fraction", std::to_string(config.tuning.memory_fraction));
   key.add("batch_mode", config.tuning.batch);  // scale mode probes throughput beyond the per-rank batch
   key.add("per_rank_batch", std::to_string(config.trainer.global_batch / std::max(1, world_size)));
@@ -97,7 +103,7 @@ MemoryFit cpu_measurement_for_named_device(const Config& config, models::Model& 
   key.add("model", model_signature(model));
   key.add("input", shape_string(options.input_shape));
   key.add("targets", targets_string(config));
-  key.add("optimizer", config.optim.name);
+  key.add("optimizer", optimizer_string(config));
   key.add("batches", batch_list);
   MemoryFit fit;
   if (auto hit = cache.find(key)) {
