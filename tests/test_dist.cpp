@@ -444,6 +444,131 @@ TEST_CASE("when a rank dies or hangs, the others exit non-zero within the timeou
   files::remove_all(dir);
 }
 
+TEST_CASE("GradSync: a second backward in one synchronising step is an error", "[dist]") {
+  dist::Env env;
+  env.world_size = 1;
+  env.master_port = free_port();
+  env.launcher = "test";
+  DistributedConfig dc;
+  dc.backend = "gloo";
+  dc.timeout_s = 30;
+  auto group = dist::Group::create(env, dc, "cpu");
+  torch::nn::Linear net(4, 2);
+  dist::GradSync sync(*net, group);
+  const auto x = torch::randn({3, 4});
+  sync.prepare(true);
+  net->forward(x).sum().backward();
+  net->forward(x).sum().backward();  // its gradient would not be in the allreduce
+  CHECK_THROWS_WITH(sync.finish(), Catch::Contains("two backward passes") && Catch::Contains("no_sync"));
+  // The next step is clean again.
+  net->zero_grad();
+  sync.prepare(true);
+  net->forward(x).sum().backward();
+  CHECK_NOTHROW(sync.finish());
+}
+
+TEST_CASE("ranks that resume from different steps stop with the reason", "[dist][process][resume]") {
+  // Each rank finds its own latest checkpoint: here rank 0's run directory has one and rank 1's
+  // is empty, as with run directories that are not shared between hosts.
+  const std::string dir = files::make_temp_directory("train_ddp_resume_mismatch_");
+  const std::string config = files::join(dir, "run.yaml");
+  std::ofstream(config) << "model: {name: mlp, in_channels: 1, num_classes: 10}\n"
+                           "data: {kind: synthetic, channels: 1, image_size: 28, synthetic_train_samples: 256,"
+                           " synthetic_val_samples: 32, workers: 0}\n"
+                           "optim: {name: sgd, lr: 0.05}\n"
+                           "trainer: {global_batch: 16, max_steps: 12, device: cpu, threads: 1}\n"
+                           "checkpoint: {every_steps: 3}\n"
+                           "distributed: {timeout_s: 30}\n"
+                           "logging: {tensorboard: false}\n";
+  const std::string a = files::join(dir, "a"), b = files::join(dir, "b");
+  auto first = spawn({kTrain, "fit", config, "--run-dir", a, "--set", "trainer.max_steps=6"}, {},
+                     files::join(dir, "first.log"));
+  REQUIRE(wait_for(first, 120) == 0);
+  const int port = free_port();
+  std::vector<Proc> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.push_back(spawn({kTrain, "fit", config, "--run-dir", r == 0 ? a : b, "--resume", "auto"},
+                          {{"RANK", std::to_string(r)}, {"LOCAL_RANK", std::to_string(r)}, {"WORLD_SIZE", "2"},
+                           {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)}},
+                          files::join(dir, "rank" + std::to_string(r) + ".log")));
+  }
+  for (const auto& p : ranks) {
+    const int rc = wait_for(p, 60);
+    const std::string out = slurp(p.log);
+    INFO(out);
+    CHECK(rc == 1);
+    CHECK_THAT(out, Catch::Contains("the ranks start at different steps (0 to 6)") &&
+                        Catch::Contains("shared run directory"));
+  }
+  for (const auto& p : ranks) {
+    if (running(p.pid)) kill_and_reap(p);
+  }
+  files::remove_all(dir);
+}
+
+TEST_CASE("a frozen rank 0 (its store too): the other rank still exits non-zero with its message",
+          "[dist][process][cli][timing]") {
+  // SIGSTOP freezes rank 0 and the rendezvous store it serves: rank 1's collective times out, and
+  // its report of the failure through that store must not wait for an answer forever.
+  const std::string dir = files::make_temp_directory("train_ddp_frozen_");
+  const std::string config = files::join(dir, "run.yaml");
+  std::ofstream(config) << "model: {name: mlp, in_channels: 1, num_classes: 10}\n"
+                           "data: {kind: synthetic, channels: 1, image_size: 28, synthetic_train_samples: 256,"
+                           " synthetic_val_samples: 32, workers: 0}\n"
+                           "optim: {name: sgd, lr: 0.05}\n"
+                           "trainer: {global_batch: 16, max_steps: 1000000, device: cpu, threads: 1}\n"
+                           "checkpoint: {every_steps: 50}\n"
+                           "distributed: {timeout_s: 5}\n"
+                           "logging: {every_steps: 50, tensorboard: false}\n";
+  const std::string run_dir = files::join(dir, "run");
+  auto p = spawn({kTrain, "launch", "--nproc", "2", config, "--run-dir", run_dir}, {}, files::join(dir, "out.log"));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (!files::exists(files::join(run_dir, "checkpoints/step_00000050.pt")) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const std::vector<pid_t> children = train_children(p.pid);
+  REQUIRE(children.size() == 2);
+  ::kill(children[0], SIGSTOP);
+  const auto t0 = std::chrono::steady_clock::now();
+  const int rc = wait_for(p, 90);
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (const pid_t c : children) ::kill(c, SIGKILL);
+  if (rc == -1) kill_and_reap(p);
+  const std::string out = slurp(p.log);
+  INFO(out);
+  CHECK(rc == 1);
+  CHECK(waited < 75);  // 5 s timeout, at most 5 s posting and 4 s polling the frozen store, 30 s grace
+  CHECK_THAT(out, Catch::Contains("distributed: rank 1 of 2 (gloo)"));
+  files::remove_all(dir);
+}
+
+TEST_CASE("a stop signal before the ranks can handle it: the launch exits 128 + N, not as a failure",
+          "[dist][process][cli][signals]") {
+  const std::string dir = files::make_temp_directory("train_launch_early_signal_");
+  const std::string config = files::join(dir, "run.yaml");
+  std::ofstream(config) << "model: {name: mlp, in_channels: 1, num_classes: 10}\n"
+                           "data: {kind: synthetic, channels: 1, image_size: 28, synthetic_train_samples: 256}\n"
+                           "trainer: {global_batch: 16, max_steps: 1000, device: cpu, threads: 1}\n"
+                           "logging: {tensorboard: false}\n";
+  auto p = spawn({kTrain, "launch", "--nproc", "2", config, "--run-dir", files::join(dir, "run")}, {},
+                 files::join(dir, "out.log"));
+  // As soon as both ranks exist: they are still loading, long before their stop handler.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (train_children(p.pid).size() < 2 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  REQUIRE(train_children(p.pid).size() == 2);
+  ::kill(p.pid, SIGTERM);
+  const int rc = wait_for(p, 120);
+  const std::string out = slurp(p.log);
+  INFO(out);
+  // 128 + SIGTERM; 3 only if both ranks had already installed their handlers and checkpointed.
+  CHECK((rc == 128 + SIGTERM || rc == 3));
+  CHECK_THAT(out, !Catch::Contains("stopping the other ranks"));
+  files::remove_all(dir);
+}
+
 TEST_CASE("out of memory on one rank: every rank halves the micro-batch and redoes the step", "[dist][process][oom]") {
   const std::string dir = files::make_temp_directory("train_ddp_oom_");
   // Per-rank batch 8; one bucket per parameter, so that some are in flight when backward fails.

@@ -9,6 +9,7 @@
 #include <iomanip>
 #include <map>
 #include <mutex>
+#include <utility>
 #include <sstream>
 
 #include "dist_internal.h"
@@ -80,6 +81,7 @@ struct GradSync::Impl {
   std::vector<Bucket> buckets;  // bucket 0 holds the last parameters (ready first)
   std::mutex mutex;             // hooks may run on autograd's device threads
   bool syncing = false;
+  std::string repeated;           // a parameter whose gradient arrived twice in one synchronising step
   bool collectives_done = false;  // this step's allreduces have all completed (finish() got past its waits)
   size_t next_launch = 0;       // buckets launch strictly in index order, the same on every rank
   GradSyncStats stats;
@@ -113,7 +115,10 @@ void GradSync::Impl::mark_ready(size_t index) {
   Param& p = params[index];
   p.used = true;
   if (!syncing) return;  // a no_sync micro-step: the gradient stays local
-  if (p.ready) return;
+  if (p.ready) {  // a second backward: its gradient would miss the allreduce
+    if (repeated.empty()) repeated = p.name;
+    return;
+  }
   p.ready = true;
   Bucket& b = buckets[p.bucket];
   const auto t0 = Clock::now();
@@ -272,6 +277,7 @@ void GradSync::prepare(bool sync) {
   s.syncing = sync;
   s.collectives_done = false;
   if (!sync) return;
+  s.repeated.clear();
   for (auto& p : s.params) p.ready = false;
   for (auto& b : s.buckets) {
     b.pending = static_cast<int64_t>(b.params.size());
@@ -286,6 +292,11 @@ void GradSync::finish() {
   std::unique_lock<std::mutex> lock(s.mutex);
   if (!s.syncing) throw Error("GradSync::finish() without prepare(true) before backward");
   s.syncing = false;
+  if (!s.repeated.empty()) {
+    const std::string name = std::exchange(s.repeated, std::string());
+    throw Error("distributed: parameter " + name + " received a gradient from two backward passes in one "
+                "synchronising step; run all but the last backward of a step with prepare(false) (no_sync)");
+  }
   // Parameters whose hook never fired took no part in this backward.
   std::vector<std::string> unused;
   for (auto& p : s.params) {
@@ -348,6 +359,7 @@ void GradSync::abandon() {
     s.next_launch = 0;
   }
   s.syncing = false;
+  s.repeated.clear();
   for (auto& p : s.params) p.ready = true;
   for (auto& p : s.params) p.used = false;
   for (auto& b : s.buckets) b.pending = 0;

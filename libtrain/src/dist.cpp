@@ -4,6 +4,10 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <functional>
+#include <future>
+#include <memory>
+#include <optional>
 #include <thread>
 
 #include "train/config.h"
@@ -330,40 +334,73 @@ namespace {
 
 std::string failure_key(int64_t rank) { return "failure/" + std::to_string(rank); }
 
+// Runs `work` on a thread of its own and waits at most `seconds` for its result. A store call to
+// a rank 0 that is frozen (SIGSTOP, a debugger, a paused VM) or whose host is gone blocks in
+// recv() with no timeout of its own; a rank on its way out must not hang there. On overrun the
+// thread is left behind, holding its own reference to the store, and the caller goes on.
+template <class T>
+std::optional<T> within(double seconds, std::function<std::optional<T>()> work) {
+  auto promise = std::make_shared<std::promise<std::optional<T>>>();
+  std::future<std::optional<T>> result = promise->get_future();
+  try {
+    std::thread([promise, work = std::move(work)] {
+      std::optional<T> value;
+      try {
+        value = work();
+      } catch (...) {
+      }
+      promise->set_value(std::move(value));
+    }).detach();
+  } catch (...) {
+    return std::nullopt;  // no thread to be had
+  }
+  if (result.wait_for(std::chrono::duration<double>(seconds)) != std::future_status::ready) return std::nullopt;
+  return result.get();
+}
+
+constexpr double kPostSeconds = 5.0;
+
 }  // namespace
 
 void Group::post_failure(int exit_code, bool bad_input, const std::string& message) noexcept {
   try {
     const std::string text = std::to_string(exit_code) + (bad_input ? " bad-input " : " runtime ") + message;
-    impl_->store->set(failure_key(rank()), std::vector<uint8_t>(text.begin(), text.end()));
-    // A round trip on the same connection: the server has the key before this rank exits.
-    (void)impl_->store->check({failure_key(rank())});
-  } catch (...) {
+    const std::string key = failure_key(rank());
     // The store lives in rank 0 (or torchrun's agent); when it is gone there is no one to tell.
+    (void)within<bool>(kPostSeconds, [store = impl_->store, key, text]() -> std::optional<bool> {
+      store->set(key, std::vector<uint8_t>(text.begin(), text.end()));
+      // A round trip on the same connection: the server has the key before this rank exits.
+      return store->check({key});
+    });
+  } catch (...) {
   }
 }
 
 std::optional<Group::PeerFailure> Group::peer_failure(double wait_seconds) noexcept {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait_seconds);
   try {
-    for (;;) {
-      for (int64_t r = 0; r < size(); ++r) {
-        if (r == rank() || !impl_->store->check({failure_key(r)})) continue;
-        const std::vector<uint8_t> bytes = impl_->store->get(failure_key(r));
-        const std::string text(bytes.begin(), bytes.end());
-        PeerFailure failure;
-        failure.rank = r;
-        const size_t code_end = text.find(' ');
-        const size_t kind_end = text.find(' ', code_end + 1);
-        if (code_end == std::string::npos || kind_end == std::string::npos) return std::nullopt;
-        failure.exit_code = std::atoi(text.substr(0, code_end).c_str());
-        failure.bad_input = text.compare(code_end + 1, kind_end - code_end - 1, "bad-input") == 0;
-        failure.message = text.substr(kind_end + 1);
-        return failure;
+    const int64_t me = rank(), world = size();
+    auto poll = [store = impl_->store, me, world, wait_seconds]() -> std::optional<PeerFailure> {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait_seconds);
+      for (;;) {
+        for (int64_t r = 0; r < world; ++r) {
+          if (r == me || !store->check({failure_key(r)})) continue;
+          const std::vector<uint8_t> bytes = store->get(failure_key(r));
+          const std::string text(bytes.begin(), bytes.end());
+          PeerFailure failure;
+          failure.rank = r;
+          const size_t code_end = text.find(' ');
+          const size_t kind_end = text.find(' ', code_end + 1);
+          if (code_end == std::string::npos || kind_end == std::string::npos) return std::nullopt;
+          failure.exit_code = std::atoi(text.substr(0, code_end).c_str());
+          failure.bad_input = text.compare(code_end + 1, kind_end - code_end - 1, "bad-input") == 0;
+          failure.message = text.substr(kind_end + 1);
+          return failure;
+        }
+        if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
-      if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
+    };
+    return within<PeerFailure>(wait_seconds + 1.0, poll);
   } catch (...) {
     return std::nullopt;
   }

@@ -33,6 +33,7 @@ struct Child {
   pid_t pid = -1;
   bool running = false;
   int exit_code = 0;
+  int signal = 0;   // the signal that ended it, 0 when it exited
   std::string how;  // "exited with code 1", "killed by signal 9"
 };
 
@@ -44,6 +45,7 @@ void record_status(Child& c, int status) {
     c.how = "exited with code " + std::to_string(c.exit_code);
   } else if (WIFSIGNALED(status)) {
     c.exit_code = kExitRuntime;
+    c.signal = WTERMSIG(status);
     c.how = "was killed by signal " + std::to_string(WTERMSIG(status)) + " (" + strsignal(WTERMSIG(status)) + ")";
   }
 }
@@ -96,12 +98,21 @@ int launch_local(const std::vector<std::string>& argv, const LaunchOptions& opti
   struct sigaction old_actions[std::size(kForwardedSignals)] {};
   for (size_t i = 0; i < std::size(kForwardedSignals); ++i) sigaction(kForwardedSignals[i], &sa, &old_actions[i]);
 
+  // The stop signals are blocked across fork: a child that gets one (forwarded) before it has
+  // reset the launcher's handler would run that handler and carry on; blocked, the signal waits
+  // until the child has the default action back and unblocks it.
+  sigset_t stop_signals, old_mask;
+  sigemptyset(&stop_signals);
+  for (const int sig : kForwardedSignals) sigaddset(&stop_signals, sig);
+  sigprocmask(SIG_BLOCK, &stop_signals, &old_mask);
+
   const pid_t launcher = ::getpid();
   std::vector<Child> children(static_cast<size_t>(options.nproc));
   for (int rank = 0; rank < options.nproc; ++rank) {
     const pid_t pid = ::fork();
     if (pid < 0) {
       signal_running(children, SIGKILL);
+      sigprocmask(SIG_SETMASK, &old_mask, nullptr);
       throw Error(std::string("launch: fork(): ") + std::strerror(errno));
     }
     if (pid == 0) {
@@ -109,7 +120,8 @@ int launch_local(const std::vector<std::string>& argv, const LaunchOptions& opti
       // to the launcher's group (Ctrl-C in a terminal) reaches the launcher only, which forwards it
       // once; without this each rank got it twice, directly and forwarded. Out of the terminal's
       // session, a rank's output is not subject to job control (stty tostop). A signal to the old
-      // group before this line meets the launcher's handler, which does nothing here.
+      // group before this line stays blocked until the default actions are back, below: the same
+      // as the launcher forwarding it a moment later.
       ::setsid();
       // A rank would outlive a launcher killed with SIGKILL, and no longer gets the SIGHUP of a
       // closing terminal: have the kernel send SIGTERM, a graceful stop, when the launcher (the
@@ -118,6 +130,7 @@ int launch_local(const std::vector<std::string>& argv, const LaunchOptions& opti
       ::prctl(PR_SET_PDEATHSIG, SIGTERM);
       if (::getppid() != launcher) ::_exit(kExitRuntime);
       for (const int sig : kForwardedSignals) ::signal(sig, SIG_DFL);
+      sigprocmask(SIG_SETMASK, &old_mask, nullptr);
       ::setenv("RANK", std::to_string(rank).c_str(), 1);
       ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
       ::setenv("WORLD_SIZE", std::to_string(options.nproc).c_str(), 1);
@@ -131,8 +144,9 @@ int launch_local(const std::vector<std::string>& argv, const LaunchOptions& opti
       std::fprintf(stderr, "launch: cannot run %s: %s\n", args[0], std::strerror(errno));
       ::_exit(127);
     }
-    children[static_cast<size_t>(rank)] = Child{rank, pid, true, 0, ""};
+    children[static_cast<size_t>(rank)] = Child{rank, pid, true, 0, 0, ""};
   }
+  sigprocmask(SIG_SETMASK, &old_mask, nullptr);  // a signal that came meanwhile is handled now
 
   // A rank that exits 3 (kExitStopped) stopped after a checkpoint, as asked by a stop signal
   // (forwarded from here, or sent to it directly: the ranks agree to stop after the same step).
@@ -141,6 +155,7 @@ int launch_local(const std::vector<std::string>& argv, const LaunchOptions& opti
   // SIGKILL grace_seconds later.
   int failure = kExitOk;
   bool any_stopped = false;
+  int signalled = 0;  // 128 + N: a rank ended by the stop signal N forwarded to it, with no checkpoint
   int forwarded = 0;  // the last stop signal forwarded to the ranks
   using Clock = std::chrono::steady_clock;
   Clock::time_point kill_at = Clock::time_point::max();
@@ -165,6 +180,16 @@ int launch_local(const std::vector<std::string>& argv, const LaunchOptions& opti
           if (kill_at == Clock::time_point::max()) kill_at = Clock::now() + grace;
           continue;
         }
+        if (forwarded != 0 && c.signal == forwarded) {
+          // The signal came before the rank installed its stop handler (it was still starting:
+          // loading data, meeting the others, probing), so it ended as the signal's default says.
+          // It was asked to stop, as were the others: no failure to stop them for.
+          signalled = 128 + forwarded;
+          log::warn(log::str("launch: rank ", c.rank, " (pid ", c.pid, ") ", c.how,
+                             " before it had started training; no checkpoint"));
+          if (kill_at == Clock::time_point::max()) kill_at = Clock::now() + grace;
+          continue;
+        }
         failure = c.exit_code;
         kill_at = Clock::now() + grace;
         log::error(log::str("launch: rank ", c.rank, " (pid ", c.pid, ") ", c.how, "; stopping the other ranks"));
@@ -186,7 +211,10 @@ int launch_local(const std::vector<std::string>& argv, const LaunchOptions& opti
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   for (size_t i = 0; i < std::size(kForwardedSignals); ++i) sigaction(kForwardedSignals[i], &old_actions[i], nullptr);
-  const int result = failure != kExitOk ? failure : any_stopped ? static_cast<int>(kExitStopped) : kExitOk;
+  const int result = failure != kExitOk ? failure
+                     : signalled != 0 ? signalled
+                     : any_stopped    ? static_cast<int>(kExitStopped)
+                                      : kExitOk;
   if (result == kExitStopped) {
     log::warn("launch: the ranks stopped after a checkpoint; resume with --resume auto");
   }

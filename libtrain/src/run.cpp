@@ -237,12 +237,20 @@ void agree_across_ranks(Plan& plan, const Config& config, const DeviceProfile& d
                            log::str(", this rank alone would use ", mine) : std::string(), ")");
     }
   }
-  const int64_t numbers[] = {plan.global_batch, plan.accum_steps, plan.micro_batch};
-  const char* names[] = {"global_batch", "accum_steps", "micro_batch"};
-  for (int i = 0; i < 3; ++i) {
-    if (group.reduce_int(numbers[i], dist::ReduceOp::Min) != group.reduce_int(numbers[i], dist::ReduceOp::Max)) {
-      throw Error(log::str("distributed: the ranks resolved different plans (", names[i],
-                           " differs); give every rank the same config and the same kind of device"));
+  // Every number that shapes the collectives or the gradients' scale must match: averaging a rank
+  // whose loss is scaled with one whose loss is not would mix gradients 2^16 apart.
+  const int64_t precision = plan.precision == "fp32" ? 0 : plan.precision == "bf16" ? 1 : 2;
+  const std::vector<int64_t> numbers = {plan.global_batch, plan.accum_steps, plan.micro_batch, precision,
+                                        plan.loss_scaling ? 1 : 0};
+  const char* names[] = {"global_batch", "accum_steps", "micro_batch", "precision", "loss scaling"};
+  const std::string values[] = {std::to_string(plan.global_batch), std::to_string(plan.accum_steps),
+                                std::to_string(plan.micro_batch), plan.precision, plan.loss_scaling ? "on" : "off"};
+  const auto lo = group.reduce_ints(numbers, dist::ReduceOp::Min);
+  const auto hi = group.reduce_ints(numbers, dist::ReduceOp::Max);
+  for (size_t i = 0; i < numbers.size(); ++i) {
+    if (lo[i] != hi[i]) {
+      throw Error(log::str("distributed: the ranks resolved different plans (", names[i], " differs; rank ", group.rank(), " has ",
+                           values[i], "); give every rank the same config and the same kind of device"));
     }
   }
 }

@@ -583,6 +583,9 @@ EvalResult Trainer::evaluate() {
   auto& s = *impl_;
   EvalResult result;
   if (!s.val_set) return result;
+  // Every rank evaluates with rank 0's BatchNorm statistics, as PyTorch's DDP does: each rank's own
+  // running estimates have drifted apart since the last training step's broadcast.
+  if (s.sync && s.has_buffers && s.config.distributed.broadcast_buffers) s.sync->broadcast_buffers();
   data::LoaderOptions lo;
   lo.batch_size = s.config.trainer.eval_batch > 0 ? s.config.trainer.eval_batch : s.plan.micro_batch;
   lo.shuffle = false;
@@ -671,6 +674,16 @@ FitResult Trainer::fit(const std::string& resume) {
   } else if (!s.config.model.init_from.empty()) {
     load_model_weights(s.config.model.init_from, *s.model, s.config.model.init_strict);
     log::info("model weights initialised from " + s.config.model.init_from);
+  }
+  if (s.group) {
+    // Each rank found its own checkpoint (rank 0 writes them): a run directory that is not shared,
+    // or a stale listing of one, would pair one rank's step k with another's step j.
+    const auto steps = s.group->reduce_ints({s.step, -s.step}, dist::ReduceOp::Max);
+    if (steps[0] != -steps[1]) {
+      throw Error(log::str("the ranks start at different steps (", -steps[1], " to ", steps[0],
+                           "): rank ", s.plan.rank, " ", resume_path.empty() ? "starts fresh" : "resumed from " + resume_path,
+                           "; every rank must see rank 0's checkpoints (a shared run directory)"));
+    }
   }
   if (s.sync) {
     s.sync->broadcast_parameters();  // identical replicas, whatever each rank initialised or loaded
