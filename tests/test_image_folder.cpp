@@ -12,8 +12,10 @@
 #include <iterator>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "train/config.h"
@@ -607,6 +609,26 @@ TEST_CASE("data.on_error: raise stops at a corrupt JPEG, skip replaces and count
         CHECK(torch::equal(batches[b].input, reference[b].input));
         CHECK(torch::equal(batches[b].target, reference[b].target));
       }
+    }
+  }
+
+  SECTION("skip: a batch delivered again after a rewind does not count its samples again") {
+    // The trainer rewinds the loader to redo steps (out-of-memory recovery, rollback).
+    for (int64_t workers : {0, 2}) {
+      INFO("workers " << workers);
+      Loader loader(dataset, options_for(workers, OnError::Skip));
+      loader.start({0, 0});
+      REQUIRE(loader.next().has_value());  // samples 0, 1, 2 -> 4
+      CHECK(loader.skipped() == 1);
+      loader.start({0, 0});
+      REQUIRE(loader.next().has_value());
+      REQUIRE(loader.next().has_value());  // samples 3 -> 4, 4, 5
+      CHECK(loader.skipped() == 2);
+      CHECK(loader.skip_messages().size() == 2);
+      CHECK(loader.skipped_samples() == std::set<std::pair<int64_t, int64_t>>{{0, 2}, {0, 3}});
+      loader.start({1, 0});
+      REQUIRE(loader.next().has_value());
+      CHECK(loader.skipped() == 3);  // a new epoch counts again
     }
   }
 
