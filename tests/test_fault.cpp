@@ -4,6 +4,7 @@
 
 #include <train/checkpoint.h>
 #include <train/config.h>
+#include <train/data/dataset.h>
 #include <train/errors.h>
 #include <train/files.h>
 #include <train/models/model.h>
@@ -15,6 +16,10 @@
 
 #include <atomic>
 #include <limits>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 using namespace train;
 
@@ -281,6 +286,43 @@ TEST_CASE("non-finite loss, on_nonfinite rollback: back to the newest checkpoint
     RunParts r3 = prepare_run(nodir);
     Trainer t3(nodir, r3.plan, r3.model, r3.train, nullptr, "");
     CHECK_THROWS_WITH(t3.fit(), Catch::Contains("no checkpoint to roll back to"));
+  }
+  poison(1000, 1000);
+  files::remove_all(dir);
+}
+
+// The training set with one sample that cannot be loaded.
+class OneBadSample : public data::Dataset {
+ public:
+  OneBadSample(data::DatasetPtr base, int64_t bad) : base_(std::move(base)), bad_(bad) {}
+  int64_t size() const override { return base_->size(); }
+  data::Example get(int64_t index, uint64_t seed) const override {
+    if (index == bad_) throw DataError("sample " + std::to_string(index) + " is damaged");
+    return base_->get(index, seed);
+  }
+  std::vector<int64_t> input_shape() const override { return base_->input_shape(); }
+  int64_t num_classes() const override { return base_->num_classes(); }
+  std::string describe() const override { return base_->describe() + " (one damaged sample)"; }
+
+ private:
+  data::DatasetPtr base_;
+  int64_t bad_;
+};
+
+TEST_CASE("data.on_error skip: a sample in a step redone after a rollback counts once", "[fault][nonfinite][data]") {
+  const std::string dir = temp_dir("rollback_skip");
+  const Config config = config_for("poisoned_mlp", {"trainer.max_steps=6", "checkpoint.every_steps=2",
+                                                    "trainer.on_nonfinite=rollback", "data.on_error=skip",
+                                                    "data.shuffle=false"});
+  poison(4, 4);  // step 4; back to the checkpoint of step 2, and step 3 (samples 64..95) is redone
+  torch::manual_seed(0);
+  RunParts run = prepare_run(config);
+  {
+    Trainer trainer(config, run.plan, run.model, std::make_shared<OneBadSample>(run.train, 70), nullptr, dir);
+    const FitResult r = trainer.fit();
+    CHECK(r.rollbacks == 1);
+    CHECK(r.steps == 6);
+    CHECK(r.skipped_samples == 1);
   }
   poison(1000, 1000);
   files::remove_all(dir);

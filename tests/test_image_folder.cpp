@@ -1,19 +1,25 @@
-// ImageFolder: listing, JPEG / PNG decoding (scaled, grayscale, CMYK, alpha), the train and val
-// transforms, error messages and the loader. Every image is generated in a temporary directory
-// with TurboJPEG's encoder and libpng's simplified writer.
+// ImageFolder: listing, JPEG / PNG decoding (scaled, grayscale, CMYK, alpha, 16-bit, gamma), the
+// train and val transforms, error messages and the loader. Every image is generated in a
+// temporary directory with TurboJPEG's encoder and libpng's writers.
 #include "testing.h"
 
 #include <png.h>
 #include <turbojpeg.h>
 
+#include <algorithm>
+#include <cmath>
+#include <csetjmp>
 #include <cstdint>
+#include <cstdio>
 #include <fstream>
 #include <functional>
 #include <iterator>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "train/config.h"
@@ -100,6 +106,65 @@ void write_png(const std::string& path, const Pixels& p) {
   image.height = static_cast<png_uint_32>(p.height);
   image.format = p.channels == 4 ? PNG_FORMAT_RGBA : PNG_FORMAT_RGB;
   REQUIRE(png_image_write_to_file(&image, path.c_str(), 0, p.data.data(), 0, nullptr) != 0);
+}
+
+// What libpng's simplified writer cannot write: 16-bit samples, gray of 1, 2 or 4 bits, palettes,
+// tRNS transparency, a gAMA chunk, interlacing. Rows are raw samples (16-bit ones big-endian).
+struct PngSpec {
+  int width = 0;
+  int height = 0;
+  int bit_depth = 8;
+  int colour_type = PNG_COLOR_TYPE_RGB;
+  std::vector<std::vector<uint8_t>> rows;
+  double gamma = 0.0;                   // > 0: a gAMA chunk with this file gamma
+  std::vector<png_color> palette;       // PLTE
+  std::vector<uint8_t> palette_alpha;   // tRNS of a palette image
+  std::optional<png_color_16> trns;     // tRNS of a gray or RGB image: the transparent colour
+  bool interlaced = false;              // Adam7
+};
+
+// libpng reports errors by longjmp: this function holds nothing with a destructor.
+bool write_png_spec_to(std::FILE* file, const PngSpec& spec, png_bytep* rows) {
+  png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, nullptr, nullptr, nullptr);
+  png_infop info = png == nullptr ? nullptr : png_create_info_struct(png);
+  if (info == nullptr || setjmp(png_jmpbuf(png))) {
+    png_destroy_write_struct(&png, &info);
+    return false;
+  }
+  png_init_io(png, file);
+  png_set_IHDR(png, info, static_cast<png_uint_32>(spec.width), static_cast<png_uint_32>(spec.height),
+               spec.bit_depth, spec.colour_type,
+               spec.interlaced ? PNG_INTERLACE_ADAM7 : PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT,
+               PNG_FILTER_TYPE_DEFAULT);
+  if (spec.gamma > 0.0) png_set_gAMA(png, info, spec.gamma);
+  if (!spec.palette.empty()) {
+    png_set_PLTE(png, info, spec.palette.data(), static_cast<int>(spec.palette.size()));
+  }
+  if (!spec.palette_alpha.empty()) {
+    png_set_tRNS(png, info, spec.palette_alpha.data(), static_cast<int>(spec.palette_alpha.size()), nullptr);
+  }
+  if (spec.trns) png_set_tRNS(png, info, nullptr, 0, &*spec.trns);
+  png_write_info(png, info);
+  png_write_image(png, rows);
+  png_write_end(png, nullptr);
+  png_destroy_write_struct(&png, &info);
+  return true;
+}
+
+void write_png_spec(const std::string& path, const PngSpec& spec) {
+  std::vector<png_bytep> rows;
+  for (const std::vector<uint8_t>& row : spec.rows) rows.push_back(const_cast<png_bytep>(row.data()));
+  REQUIRE(rows.size() == static_cast<size_t>(spec.height));
+  const std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(path.c_str(), "wb"), &std::fclose);
+  REQUIRE(file);
+  REQUIRE(write_png_spec_to(file.get(), spec, rows.data()));
+}
+
+// 16-bit samples, big-endian, as one PNG row.
+std::vector<uint8_t> row16(const std::vector<int>& samples) {
+  std::vector<uint8_t> row;
+  for (const int v : samples) row.insert(row.end(), {static_cast<uint8_t>(v >> 8), static_cast<uint8_t>(v & 0xFF)});
+  return row;
 }
 
 // <root>/train: ant, bee and cat with 4 images each (varied sizes, one grayscale JPEG, one PNG,
@@ -348,6 +413,109 @@ TEST_CASE("JPEGs much larger than needed decode at a reduced DCT scale", "[data]
   CHECK(torch::allclose(full_mean, half_mean, 0.0, 1.0));
 }
 
+TEST_CASE("A training crop's JPEG scale keeps the full-size crop box at least the output size",
+          "[data][image_folder]") {
+  // 1600 x 1200: a 600 x 800 box is 150 x 200 at 1/4 and 75 x 100 at 1/8.
+  const CropBox box{100, 200, 600, 800};
+  CHECK(choose_jpeg_crop_scale(box, 1600, 1200, 224) == 2);
+  CHECK(choose_jpeg_crop_scale(box, 1600, 1200, 150) == 4);
+  CHECK(choose_jpeg_crop_scale(box, 1600, 1200, 75) == 8);
+  CHECK(choose_jpeg_crop_scale(box, 1600, 1200, 301) == 1);
+  CHECK(choose_jpeg_crop_scale(box, 1600, 1200, 0) == 1);
+  auto same = [](const CropBox& a, const CropBox& b) {
+    return a.top == b.top && a.left == b.left && a.height == b.height && a.width == b.width;
+  };
+  CHECK(same(scale_crop_box(box, 1600, 1200, 4), CropBox{25, 50, 150, 200}));
+  CHECK(same(scale_crop_box(box, 1600, 1200, 1), box));
+  // Edges round to the nearest pixel edge: rows [3, 13) -> [1.5, 6.5) -> [2, 7) (half up).
+  CHECK(same(scale_crop_box(CropBox{3, 5, 10, 13}, 40, 30, 2), CropBox{2, 3, 5, 6}));
+  // Within the reduced image (ceil(1201 / 8) = 151 rows), and never empty.
+  CHECK(same(scale_crop_box(CropBox{1199, 1596, 2, 4}, 1600, 1201, 8), CropBox{150, 199, 1, 1}));
+
+  // torchvision's boxes on the full size of a 1600 x 1200 photo, for a 64-pixel output: the
+  // reduced crop is never smaller than the output, and the next smaller scale would make it so.
+  int reduced = 0;
+  for (uint64_t seed = 0; seed < 300; ++seed) {
+    SplitMix64 rng(seed);
+    const CropBox full = random_resized_crop_box(1200, 1600, 0.08, 1.0, 3.0 / 4.0, 4.0 / 3.0, rng);
+    const int d = choose_jpeg_crop_scale(full, 1600, 1200, 64);
+    const CropBox scaled = scale_crop_box(full, 1600, 1200, d);
+    INFO("seed " << seed << ": 1/" << d << " of " << full.height << "x" << full.width);
+    CHECK(std::min(scaled.height, scaled.width) >= 64);
+    if (d < 8) {
+      const CropBox smaller = scale_crop_box(full, 1600, 1200, 2 * d);
+      CHECK(std::min(smaller.height, smaller.width) < 64);
+    }
+    CHECK(std::abs(static_cast<double>(scaled.top) - static_cast<double>(full.top) / d) <= 0.5);
+    CHECK(std::abs(static_cast<double>(scaled.top + scaled.height) -
+                   static_cast<double>(full.top + full.height) / d) <= 0.5);
+    CHECK(std::abs(static_cast<double>(scaled.left) - static_cast<double>(full.left) / d) <= 0.5);
+    CHECK(std::abs(static_cast<double>(scaled.left + scaled.width) -
+                   static_cast<double>(full.left + full.width) / d) <= 0.5);
+    reduced += d > 1 ? 1 : 0;
+  }
+  CHECK(reduced > 250);
+}
+
+TEST_CASE("Training crops of a large JPEG are torchvision's crops of the full-size image",
+          "[data][image_folder]") {
+  // Two 1600 x 1200 photos, 64-pixel outputs:
+  //   smooth:  waves with periods of 400 and 300 pixels, compared pixel by pixel: the crop is
+  //            where torchvision's box is (the same random draws give another box when drawn on
+  //            a reduced image);
+  //   stripes: a period of 18 pixels. A crop box under 480 pixels keeps them (2.4 output pixels
+  //            or more per period) when shrunk from the full-size image, as torchvision does,
+  //            but loses a quarter of their contrast when upsampled from a 1/8-scale decode.
+  TempDir dir;
+  files::make_directories(dir / "train/a");
+  constexpr double kPi = 3.14159265358979323846;
+  auto waves = [&](const std::string& name, double period_x, double period_y) {
+    Pixels p{1600, 1200, 3, {}};
+    for (int y = 0; y < p.height; ++y) {
+      for (int x = 0; x < p.width; ++x) {
+        const double v = 128.0 + 50.0 * (std::sin(2.0 * kPi * x / period_x) + std::sin(2.0 * kPi * y / period_y));
+        p.data.insert(p.data.end(), {static_cast<uint8_t>(std::lround(v)), static_cast<uint8_t>(std::lround(v)),
+                                     static_cast<uint8_t>(255 - std::lround(v))});
+      }
+    }
+    write_jpeg(dir / ("train/a/" + name), p);
+    return decode_image(dir / ("train/a/" + name)).to(torch::kFloat);
+  };
+  const torch::Tensor smooth = waves("0_smooth.jpg", 400.0, 300.0);
+  const torch::Tensor stripes = waves("1_stripes.jpg", 18.0, 18.0);
+  REQUIRE(smooth.sizes() == torch::IntArrayRef{3, 1200, 1600});
+  train::DataConfig config = folder_config(dir.path);
+  config.image_size = 64;
+  const auto train = make_dataset(config, Split::Train);
+
+  // torchvision: RandomResizedCrop's box on the full image, resized, then the flip.
+  auto torchvision_crop = [](const torch::Tensor& image, uint64_t seed, CropBox& box) {
+    SplitMix64 rng(seed);
+    box = random_resized_crop_box(1200, 1600, 0.08, 1.0, 3.0 / 4.0, 4.0 / 3.0, rng);
+    const torch::Tensor crop = image.narrow(1, box.top, box.height).narrow(2, box.left, box.width);
+    const torch::Tensor resized = resize_bilinear(crop.contiguous(), 64, 64);
+    return rng.below(2) == 1 ? hflip(resized) : resized;
+  };
+  int small_boxes = 0;
+  for (uint64_t seed = 0; seed < 100; ++seed) {
+    CropBox box;
+    const torch::Tensor expected = torchvision_crop(smooth, seed, box);
+    // The reduced decode's box edges are whole pixels there (up to d / 2 pixels off here).
+    const double error = (train->get(0, seed).input * 255.0 - expected).abs().mean().item<double>();
+    INFO("seed " << seed << ": box " << box.height << "x" << box.width << ", smooth: mean error " << error);
+    CHECK(error < 3.5);
+    if (std::min(box.height, box.width) >= 480) continue;  // stripes too fine for the output
+    ++small_boxes;
+    const torch::Tensor expected_stripes = torchvision_crop(stripes, seed, box);
+    const torch::Tensor actual_stripes = train->get(1, seed).input * 255.0;
+    const double contrast = actual_stripes.std().item<double>() / expected_stripes.std().item<double>();
+    INFO("stripes: contrast " << contrast << " of torchvision's");
+    CHECK(contrast > 0.85);
+    CHECK(contrast < 1.15);
+  }
+  CHECK(small_boxes >= 5);
+}
+
 TEST_CASE("Grayscale, CMYK and alpha images decode to RGB", "[data][image_folder]") {
   TempDir dir;
   SECTION("grayscale JPEG: three equal channels") {
@@ -370,6 +538,94 @@ TEST_CASE("Grayscale, CMYK and alpha images decode to RGB", "[data][image_folder
     const torch::Tensor image = decode_image(dir / "alpha.png").to(torch::kInt);
     REQUIRE(image.sizes() == torch::IntArrayRef{3, 6, 8});
     CHECK(torch::equal(image, torch::tensor({10, 20, 30}, torch::kInt).view({3, 1, 1}).expand({3, 6, 8})));
+  }
+}
+
+TEST_CASE("PNGs decode to their stored values as PIL gives them", "[data][image_folder]") {
+  // The expected values are PIL 13's Image.open(file).convert("RGB") of the same files (except
+  // 16-bit grayscale, see decode_image). No gamma or colour conversion is applied.
+  TempDir dir;
+  const std::vector<int> samples16 = {0x8000, 0x80FF, 0x7FFF, 0xFFFF, 0x0180, 0x00FF};
+  const std::vector<int> high_bytes = {128, 128, 127, 255, 1, 0};
+  // The decoded [3, 1, 6] image's channels, each expected to equal `values`.
+  auto check_row = [&](const std::string& name, const std::vector<int>& values) {
+    INFO(name);
+    const torch::Tensor image = decode_image(dir / name).to(torch::kInt);
+    REQUIRE(image.sizes() == torch::IntArrayRef{3, 1, static_cast<int64_t>(values.size())});
+    const torch::Tensor expected = torch::tensor(values, torch::kInt).view({1, 1, -1}).expand_as(image);
+    CHECK(torch::equal(image, expected));
+  };
+
+  SECTION("a 16-bit RGB PNG of 0x8000 is 128 everywhere") {
+    PngSpec spec{4, 4, 16, PNG_COLOR_TYPE_RGB};
+    for (int y = 0; y < 4; ++y) spec.rows.push_back(row16(std::vector<int>(12, 0x8000)));
+    write_png_spec(dir / "rgb16.png", spec);
+    const torch::Tensor image = decode_image(dir / "rgb16.png");
+    REQUIRE(image.sizes() == torch::IntArrayRef{3, 4, 4});
+    CHECK(image.eq(128).all().item<bool>());
+  }
+  SECTION("16-bit samples keep their high byte, with or without alpha, gray or colour") {
+    std::vector<int> rgb, rgba, gray_alpha;
+    for (const int v : samples16) {
+      rgb.insert(rgb.end(), {v, v, v});
+      rgba.insert(rgba.end(), {v, v, v, 0x1234});
+      gray_alpha.insert(gray_alpha.end(), {v, 0x1234});
+    }
+    write_png_spec(dir / "rgb16.png", PngSpec{6, 1, 16, PNG_COLOR_TYPE_RGB, {row16(rgb)}});
+    write_png_spec(dir / "rgba16.png", PngSpec{6, 1, 16, PNG_COLOR_TYPE_RGB_ALPHA, {row16(rgba)}});
+    write_png_spec(dir / "ga16.png", PngSpec{6, 1, 16, PNG_COLOR_TYPE_GRAY_ALPHA, {row16(gray_alpha)}});
+    // PIL clips 16-bit gray to 255 instead (all six would be 255).
+    write_png_spec(dir / "gray16.png", PngSpec{6, 1, 16, PNG_COLOR_TYPE_GRAY, {row16(samples16)}});
+    for (const char* name : {"rgb16.png", "rgba16.png", "ga16.png", "gray16.png"}) check_row(name, high_bytes);
+  }
+  SECTION("a gAMA chunk does not change the values") {
+    for (const double gamma : {1.0, 0.5, 1.0 / 2.2}) {
+      PngSpec spec{6, 1, 8, PNG_COLOR_TYPE_RGB};
+      spec.rows.push_back({});
+      for (const int v : {128, 128, 0, 255, 64, 200}) {
+        spec.rows[0].insert(spec.rows[0].end(), 3, static_cast<uint8_t>(v));
+      }
+      spec.gamma = gamma;
+      write_png_spec(dir / "gamma.png", spec);
+      INFO("gAMA " << gamma);
+      check_row("gamma.png", {128, 128, 0, 255, 64, 200});
+    }
+  }
+  SECTION("gray of 1, 2 and 4 bits, palettes and tRNS transparency") {
+    write_png_spec(dir / "gray1.png", PngSpec{6, 1, 1, PNG_COLOR_TYPE_GRAY, {{0b10110000}}});
+    check_row("gray1.png", {255, 0, 255, 255, 0, 0});
+    write_png_spec(dir / "gray2.png", PngSpec{6, 1, 2, PNG_COLOR_TYPE_GRAY, {{0b00011011, 0b11100000}}});
+    check_row("gray2.png", {0, 85, 170, 255, 255, 170});
+    write_png_spec(dir / "gray4.png", PngSpec{6, 1, 4, PNG_COLOR_TYPE_GRAY, {{0x1F, 0x80, 0x0F}}});
+    check_row("gray4.png", {17, 255, 136, 0, 0, 255});
+    PngSpec gray_trns{6, 1, 8, PNG_COLOR_TYPE_GRAY, {{5, 7, 5, 0, 255, 128}}};
+    gray_trns.trns = png_color_16{0, 0, 0, 0, 5};
+    write_png_spec(dir / "gray_trns.png", gray_trns);
+    check_row("gray_trns.png", {5, 7, 5, 0, 255, 128});
+
+    PngSpec palette{6, 1, 4, PNG_COLOR_TYPE_PALETTE, {{0x01, 0x21, 0x00}}};
+    palette.palette = {{10, 20, 30}, {40, 50, 60}, {70, 80, 90}};
+    palette.palette_alpha = {0, 128};
+    write_png_spec(dir / "palette.png", palette);
+    const torch::Tensor image = decode_image(dir / "palette.png").to(torch::kInt);
+    REQUIRE(image.sizes() == torch::IntArrayRef{3, 1, 6});
+    const torch::Tensor expected =
+        torch::tensor({10, 40, 70, 40, 10, 10, 20, 50, 80, 50, 20, 20, 30, 60, 90, 60, 30, 30}, torch::kInt)
+            .view({3, 1, 6});
+    CHECK(torch::equal(image, expected));
+  }
+  SECTION("an interlaced PNG decodes as the same image stored progressively") {
+    const Pixels p = pattern(37, 23, 3, 2);
+    PngSpec spec{p.width, p.height, 8, PNG_COLOR_TYPE_RGB};
+    for (int y = 0; y < p.height; ++y) {
+      const auto row = p.data.begin() + static_cast<std::ptrdiff_t>(y) * p.width * 3;
+      spec.rows.emplace_back(row, row + p.width * 3);
+    }
+    spec.interlaced = true;
+    write_png_spec(dir / "adam7.png", spec);
+    write_png(dir / "plain.png", p);
+    REQUIRE(read_file(dir / "adam7.png") != read_file(dir / "plain.png"));
+    CHECK(torch::equal(decode_image(dir / "adam7.png"), decode_image(dir / "plain.png")));
   }
 }
 
@@ -408,6 +664,43 @@ TEST_CASE("Damaged and mislabelled image files are errors naming the file",
       CHECK_THROWS_AS(decode_image(dir / bad), train::DataError);
       CHECK(torch::equal(decode_image(dir / "small.jpg"), fresh_small));
     }
+  }
+  SECTION("stray bytes before a header marker are harmless, and do not hide damage after them") {
+    // libjpeg: "Corrupt JPEG data: 3 extraneous bytes before marker 0xdb"; PIL loads the file.
+    const std::vector<uint8_t> dqt = {0xFF, 0xDB};
+    std::vector<uint8_t> stray = jpeg;
+    const auto at = std::search(stray.begin(), stray.end(), dqt.begin(), dqt.end());
+    REQUIRE(at != stray.end());
+    stray.insert(at, {0x00, 0x01, 0x02});
+    write_file(dir / "stray_header.jpg", stray);
+    CHECK(torch::equal(decode_image(dir / "stray_header.jpg"), decode_image(dir / "good.jpg")));
+    CHECK(torch::equal(decode_image(dir / "stray_header.jpg", 40), decode_image(dir / "good.jpg", 40)));
+    // TurboJPEG reports the first warning only, so that of the stray bytes would hide this one.
+    write_file(dir / "stray_cut.jpg", std::vector<uint8_t>(stray.begin(), stray.begin() + stray.size() / 2));
+    CHECK_THAT(data_error([&] { decode_image(dir / "stray_cut.jpg"); }),
+               Contains(dir / "stray_cut.jpg") && Contains("Premature end of JPEG file"));
+    // Through the dataset, whose training crop reads the header first.
+    for (const std::string split_directory : {"train/a", "val/a"}) {
+      files::make_directories(dir / split_directory);
+      write_file(dir / (split_directory + "/0.jpg"), jpeg);
+      write_file(dir / (split_directory + "/1.jpg"), stray);
+    }
+    for (const Split split : {Split::Train, Split::Val}) {
+      const auto dataset = make_dataset(folder_config(dir.path), split);
+      CHECK(torch::equal(dataset->get(1, 5).input, dataset->get(0, 5).input));
+    }
+  }
+  SECTION("an unknown JFIF version is harmless, and does not hide damage after it") {
+    // TurboJPEG writes a JFIF APP0 segment first: FF D8 FF E0 <length> "JFIF\0" <major> <minor>.
+    REQUIRE(jpeg.size() > 12);
+    REQUIRE(std::string(jpeg.begin() + 6, jpeg.begin() + 10) == "JFIF");
+    std::vector<uint8_t> version = jpeg;
+    version[11] = 3;  // libjpeg: "Warning: unknown JFIF revision number 3.01"
+    write_file(dir / "jfif3.jpg", version);
+    CHECK(torch::equal(decode_image(dir / "jfif3.jpg"), decode_image(dir / "good.jpg")));
+    write_file(dir / "jfif3_cut.jpg", std::vector<uint8_t>(version.begin(), version.begin() + version.size() / 2));
+    CHECK_THAT(data_error([&] { decode_image(dir / "jfif3_cut.jpg"); }),
+               Contains(dir / "jfif3_cut.jpg") && Contains("Premature end of JPEG file"));
   }
   SECTION("stray bytes before the end marker are harmless") {
     std::vector<uint8_t> padded(jpeg.begin(), jpeg.end() - 2);
@@ -610,6 +903,26 @@ TEST_CASE("data.on_error: raise stops at a corrupt JPEG, skip replaces and count
     }
   }
 
+  SECTION("skip: a batch delivered again after a rewind does not count its samples again") {
+    // The trainer rewinds the loader to redo steps (out-of-memory recovery, rollback).
+    for (int64_t workers : {0, 2}) {
+      INFO("workers " << workers);
+      Loader loader(dataset, options_for(workers, OnError::Skip));
+      loader.start({0, 0});
+      REQUIRE(loader.next().has_value());  // samples 0, 1, 2 -> 4
+      CHECK(loader.skipped() == 1);
+      loader.start({0, 0});
+      REQUIRE(loader.next().has_value());
+      REQUIRE(loader.next().has_value());  // samples 3 -> 4, 4, 5
+      CHECK(loader.skipped() == 2);
+      CHECK(loader.skip_messages().size() == 2);
+      CHECK(loader.skipped_samples() == std::set<std::pair<int64_t, int64_t>>{{0, 2}, {0, 3}});
+      loader.start({1, 0});
+      REQUIRE(loader.next().has_value());
+      CHECK(loader.skipped() == 3);  // a new epoch counts again
+    }
+  }
+
   SECTION("skip: a dataset where nothing loads is still an error") {
     TempDir broken;
     files::make_directories(broken / "train/a");
@@ -703,10 +1016,18 @@ torch::Tensor reference_sample(const std::string& path, Split split, int64_t sid
                                const std::vector<double>& stddev, bool scale_to_unit) {
   torch::Tensor image;
   if (split == Split::Train) {
-    const torch::Tensor decoded = decode_image(path, side);
+    // The box on the full size; a JPEG decoded at the scale that keeps it at least side x side.
+    const torch::Tensor full = decode_image(path);
+    const int64_t height = full.size(1), width = full.size(2);
     SplitMix64 rng(seed);
-    const CropBox box = random_resized_crop_box(decoded.size(1), decoded.size(2), 0.08, 1.0,
-                                                3.0 / 4.0, 4.0 / 3.0, rng);
+    const CropBox full_box =
+        random_resized_crop_box(height, width, 0.08, 1.0, 3.0 / 4.0, 4.0 / 3.0, rng);
+    const bool jpeg = path.size() > 4 && path.substr(path.size() - 4) == ".jpg";
+    const int d = jpeg ? choose_jpeg_crop_scale(full_box, width, height, side) : 1;
+    // decode_image(path, needed) decodes at 1/d when needed = ceil(shorter side / d).
+    const torch::Tensor decoded = d == 1 ? full : decode_image(path, (std::min(height, width) + d - 1) / d);
+    REQUIRE(decoded.sizes() == torch::IntArrayRef{3, (height + d - 1) / d, (width + d - 1) / d});
+    const CropBox box = scale_crop_box(full_box, width, height, d);
     const torch::Tensor crop = decoded.narrow(1, box.top, box.height).narrow(2, box.left, box.width);
     image = resize_bilinear(crop.to(torch::kFloat).contiguous(), side, side);
     if (rng.below(2) == 1) image = hflip(image);

@@ -201,7 +201,9 @@ struct Trainer::Impl {
   int64_t scaler_skipped_nonfinite = 0;  // loss scaling: steps with a non-finite loss, skipped by the scaler
   int64_t nonfinite_loss_streak = 0;     // loss scaling: consecutive steps whose loss was non-finite
   double retired_wait = 0;     // wait_seconds() of loaders replaced after an out-of-memory error
-  int64_t retired_skipped = 0;
+  // data.on_error skip: the (epoch, index) of samples replaced, from loaders replaced after an
+  // out-of-memory error or to raise the workers (the new loader delivers their staged batch again).
+  std::set<std::pair<int64_t, int64_t>> retired_skipped;
   // plan.workers_adaptive: the data wait measured since the loader last (re)started.
   struct {
     bool warm = false;  // the first window after a (re)start pays for the workers' start-up
@@ -228,12 +230,16 @@ struct Trainer::Impl {
     return {pos.epoch, pos.batch * plan.micro_batch};
   }
   double loader_wait() const { return retired_wait + loader->wait_seconds(); }
-  int64_t loader_skipped() const { return retired_skipped + loader->skipped(); }
+  int64_t loader_skipped() const {
+    int64_t count = static_cast<int64_t>(retired_skipped.size());
+    for (const auto& sample : loader->skipped_samples()) count += retired_skipped.count(sample) == 0;
+    return count;
+  }
 
   void make_loader() {
     if (loader) {
       retired_wait += loader->wait_seconds();
-      retired_skipped += loader->skipped();
+      retired_skipped.insert(loader->skipped_samples().begin(), loader->skipped_samples().end());
       loader.reset();  // joins its workers
     }
     data::LoaderOptions lo;

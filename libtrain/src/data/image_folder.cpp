@@ -139,39 +139,99 @@ ThreadDecompressor& thread_decompressor() {
   return decompressor;
 }
 
-Pixels decode_jpeg(const std::string& path, const std::vector<uint8_t>& bytes, int64_t needed,
-                   std::vector<uint8_t>& buffer) {
-  ThreadDecompressor& decompressor = thread_decompressor();
-  tjhandle handle = decompressor.get();
+// Drops from the header of a JPEG (its markers up to the first scan) the bytes that libjpeg
+// skips with "Corrupt JPEG data: N extraneous bytes before marker", and makes an unknown JFIF
+// major version 1 ("Warning: unknown JFIF revision"), in place. Both warnings are harmless, but
+// TurboJPEG 2.1 reports only the first warning of an image, so one left in the header would hide
+// a later one that means damage ("Premature end of JPEG file"). False when the markers cannot be
+// followed to the first scan.
+bool clean_jpeg_header(std::vector<uint8_t>& bytes) {
+  const size_t size = bytes.size();
+  size_t in = 2;  // after the SOI marker
+  size_t out = 2;
+  for (;;) {
+    // libjpeg's next_marker(): bytes other than FF, and FF 00 pairs, are skipped ("extraneous");
+    // FF fill bytes before a marker code are allowed.
+    uint8_t code = 0;
+    while (code == 0) {
+      while (in < size && bytes[in] != 0xFF) ++in;
+      while (in < size && bytes[in] == 0xFF) ++in;
+      if (in >= size) return false;
+      code = bytes[in++];
+    }
+    bytes[out++] = 0xFF;
+    bytes[out++] = code;
+    if (code == 0xDA || code == 0xD9) break;  // SOS (or EOI): the rest is copied as it is
+    if (code == 0x01 || (code >= 0xD0 && code <= 0xD8)) continue;  // TEM, RSTn, SOI: no length
+    if (in + 2 > size) return false;
+    const size_t length = size_t{bytes[in]} << 8 | bytes[in + 1];  // includes its own 2 bytes
+    if (length < 2 || in + length > size) return false;
+    std::memmove(bytes.data() + out, bytes.data() + in, length);
+    // APP0 "JFIF\0" with the major version at offset 7 of the segment (libjpeg reads it from 14
+    // data bytes on).
+    if (code == 0xE0 && length >= 16 && std::memcmp(bytes.data() + out + 2, "JFIF", 5) == 0) {
+      bytes[out + 7] = 1;
+    }
+    in += length;
+    out += length;
+  }
+  std::memmove(bytes.data() + out, bytes.data() + in, size - in);
+  bytes.resize(out + (size - in));
+  return true;
+}
+
+struct JpegHeader {
   int width = 0;
   int height = 0;
-  int subsampling = 0;
   int colorspace = 0;
-  if (tjDecompressHeader3(handle, bytes.data(), bytes.size(), &width, &height, &subsampling,
-                          &colorspace) != 0) {
-    const std::string message = tjGetErrorStr2(handle);
+};
+
+// Reads the header of the JPEG in `bytes`. A harmless warning there (TurboJPEG 2.1 fails the call
+// for a warning too, with the size filled in) is cleaned out of `bytes` by clean_jpeg_header and
+// the header read again, so that a warning when decoding is about the rest of the file.
+JpegHeader read_jpeg_header(const std::string& path, std::vector<uint8_t>& bytes) {
+  ThreadDecompressor& decompressor = thread_decompressor();
+  JpegHeader header;
+  int subsampling = 0;
+  const auto read = [&] {
+    return tjDecompressHeader3(decompressor.get(), bytes.data(), bytes.size(), &header.width,
+                               &header.height, &subsampling, &header.colorspace) == 0;
+  };
+  if (!read()) {
+    const std::string message = tjGetErrorStr2(decompressor.handle);
+    const bool warning = tjGetErrorCode(decompressor.handle) == TJERR_WARNING;
     decompressor.reset();
-    throw DataError(path + ": corrupt JPEG header: " + message);
+    if (!warning || !is_harmless_jpeg_warning(message) || !clean_jpeg_header(bytes) || !read()) {
+      decompressor.reset();
+      throw DataError(path + ": corrupt JPEG header: " + message);
+    }
   }
   // Data that ends before the frame header "succeeds" without a size.
-  if (width <= 0 || height <= 0) {
+  if (header.width <= 0 || header.height <= 0) {
     decompressor.reset();
     throw DataError(path + ": truncated JPEG header (it ends before the image size)");
   }
-  check_image_size(path, width, height, "JPEG");
-  const int denominator = choose_jpeg_scale(width, height, needed);
+  check_image_size(path, header.width, header.height, "JPEG");
+  return header;
+}
+
+// Decodes the JPEG whose header read_jpeg_header returned, at scale 1 / denominator
+// (TJSCALED(width) x TJSCALED(height) pixels).
+Pixels decode_jpeg(const std::string& path, const std::vector<uint8_t>& bytes,
+                   const JpegHeader& header, int denominator, std::vector<uint8_t>& buffer) {
+  ThreadDecompressor& decompressor = thread_decompressor();
   const tjscalingfactor scale{1, denominator};
-  const int scaled_width = TJSCALED(width, scale);
-  const int scaled_height = TJSCALED(height, scale);
+  const int scaled_width = TJSCALED(header.width, scale);
+  const int scaled_height = TJSCALED(header.height, scale);
   // TurboJPEG 2.1 cannot convert CMYK / YCCK to RGB itself.
-  const bool cmyk = colorspace == TJCS_CMYK || colorspace == TJCS_YCCK;
+  const bool cmyk = header.colorspace == TJCS_CMYK || header.colorspace == TJCS_YCCK;
   const int channels = cmyk ? 4 : 3;
   buffer.resize(static_cast<size_t>(scaled_width) * static_cast<size_t>(scaled_height) *
                 static_cast<size_t>(channels));
   // Asking for the scaled size makes TurboJPEG decode at that DCT scale.
-  if (tjDecompress2(handle, bytes.data(), bytes.size(), buffer.data(), scaled_width, 0,
-                    scaled_height, cmyk ? TJPF_CMYK : TJPF_RGB, 0) != 0) {
-    const std::string message = tjGetErrorStr2(handle);
+  if (tjDecompress2(decompressor.get(), bytes.data(), bytes.size(), buffer.data(), scaled_width,
+                    0, scaled_height, cmyk ? TJPF_CMYK : TJPF_RGB, 0) != 0) {
+    const std::string message = tjGetErrorStr2(decompressor.handle);
     decompressor.reset();
     if (!is_harmless_jpeg_warning(message)) {
       throw DataError(path + ": corrupt or truncated JPEG: " + message);
@@ -182,43 +242,137 @@ Pixels decode_jpeg(const std::string& path, const std::vector<uint8_t>& bytes, i
                 channels};
 }
 
-// Frees libpng's decoder state however decoding ends (png_image_free is idempotent).
-struct PngImage {
-  png_image image{};
-  PngImage() { image.version = PNG_IMAGE_VERSION; }
-  ~PngImage() { png_image_free(&image); }
-  PngImage(const PngImage&) = delete;
-  PngImage& operator=(const PngImage&) = delete;
+// libpng's read state for one PNG in memory. libpng reports an error by longjmp to the last
+// setjmp, so the functions that call it (png_start, png_read_rows) hold no object with a
+// destructor; this one is owned by their caller.
+struct PngReader {
+  png_structp png = nullptr;
+  png_infop info = nullptr;
+  const uint8_t* data = nullptr;
+  size_t size = 0;
+  size_t offset = 0;
+  int passes = 1;
+  char message[128] = "";
+  PngReader(const uint8_t* bytes, size_t count) : data(bytes), size(count) {}
+  ~PngReader() { png_destroy_read_struct(&png, &info, nullptr); }
+  PngReader(const PngReader&) = delete;
+  PngReader& operator=(const PngReader&) = delete;
 };
 
-Pixels decode_png(const std::string& path, const std::vector<uint8_t>& bytes,
-                  std::vector<uint8_t>& buffer) {
-  PngImage png;
-  if (png_image_begin_read_from_memory(&png.image, bytes.data(), bytes.size()) == 0) {
-    throw DataError(path + ": corrupt PNG: " + png.image.message);
-  }
-  // Read the alpha channel too and drop it afterwards: without it libpng would blend the
-  // image onto a background, while torchvision's loader (PIL's convert("RGB")) discards alpha.
-  check_image_size(path, png.image.width, png.image.height, "PNG");
-  const bool alpha = (png.image.format & PNG_FORMAT_FLAG_ALPHA) != 0;
-  png.image.format = alpha ? PNG_FORMAT_RGBA : PNG_FORMAT_RGB;
-  const int channels = alpha ? 4 : 3;
-  const auto width = static_cast<int64_t>(png.image.width);
-  const auto height = static_cast<int64_t>(png.image.height);
-  buffer.resize(static_cast<size_t>(width * height * channels));
-  if (png_image_finish_read(&png.image, nullptr, buffer.data(), 0, nullptr) == 0) {
-    throw DataError(path + ": corrupt or truncated PNG: " + png.image.message);
-  }
-  return Pixels{buffer.data(), height, width, width * channels, channels};
+void png_on_error(png_structp png, png_const_charp message) {
+  auto* reader = static_cast<PngReader*>(png_get_error_ptr(png));
+  std::snprintf(reader->message, sizeof(reader->message), "%s", message);
+  png_longjmp(png, 1);
 }
 
-// Reads and decodes a JPEG or PNG file into the given buffers.
+void png_on_warning(png_structp, png_const_charp) {}  // e.g. a damaged ancillary chunk, ignored
+
+void png_read_memory(png_structp png, png_bytep out, size_t count) {
+  auto* reader = static_cast<PngReader*>(png_get_io_ptr(png));
+  if (count > reader->size - reader->offset) png_error(png, "the file ends before the image does");
+  std::memcpy(out, reader->data + reader->offset, count);
+  reader->offset += count;
+}
+
+// Reads the header and sets up the conversion to 8-bit RGB that PIL's convert("RGB") makes:
+// 16-bit samples keep their high byte, palettes and 1, 2 or 4-bit gray are expanded, gray is
+// repeated into R, G and B, and alpha (or tRNS) is dropped, not blended. No gamma or colour
+// conversion: a gAMA, sRGB or iCCP chunk does not change the values. False on an error.
+bool png_start(PngReader& reader) {
+  if (setjmp(png_jmpbuf(reader.png))) return false;
+  png_set_read_fn(reader.png, &reader, &png_read_memory);
+  png_read_info(reader.png, reader.info);
+  const png_byte colour = png_get_color_type(reader.png, reader.info);
+  if (png_get_bit_depth(reader.png, reader.info) == 16) png_set_strip_16(reader.png);
+  if (colour == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(reader.png);
+  if (colour == PNG_COLOR_TYPE_GRAY) png_set_expand_gray_1_2_4_to_8(reader.png);
+  if ((colour & PNG_COLOR_MASK_COLOR) == 0) png_set_gray_to_rgb(reader.png);
+  if ((colour & PNG_COLOR_MASK_ALPHA) != 0 ||
+      png_get_valid(reader.png, reader.info, PNG_INFO_tRNS) != 0) {
+    png_set_strip_alpha(reader.png);
+  }
+  reader.passes = png_set_interlace_handling(reader.png);
+  png_read_update_info(reader.png, reader.info);
+  return true;
+}
+
+// Reads the rows (all passes of an interlaced image) into height rows of row_bytes each. The
+// chunks after the image data are not read: like PIL, a file damaged only there still loads.
+bool png_read_rows(PngReader& reader, uint8_t* pixels, png_uint_32 height, size_t row_bytes) {
+  if (setjmp(png_jmpbuf(reader.png))) return false;
+  for (int pass = 0; pass < reader.passes; ++pass) {
+    for (png_uint_32 y = 0; y < height; ++y) {
+      png_read_row(reader.png, pixels + y * row_bytes, nullptr);
+    }
+  }
+  return true;
+}
+
+// Decodes a PNG to 8-bit RGB as PIL's Image.open(path).convert("RGB") does (see png_start), except
+// that 16-bit grayscale keeps its high byte where PIL clips the 16-bit value to 255.
+Pixels decode_png(const std::string& path, const std::vector<uint8_t>& bytes,
+                  std::vector<uint8_t>& buffer) {
+  PngReader reader(bytes.data(), bytes.size());
+  reader.png =
+      png_create_read_struct(PNG_LIBPNG_VER_STRING, &reader, &png_on_error, &png_on_warning);
+  if (reader.png != nullptr) reader.info = png_create_info_struct(reader.png);
+  if (reader.info == nullptr) throw Error("cannot create a libpng decoder (out of memory?)");
+  if (!png_start(reader)) throw DataError(path + ": corrupt PNG: " + reader.message);
+  const png_uint_32 width = png_get_image_width(reader.png, reader.info);
+  const png_uint_32 height = png_get_image_height(reader.png, reader.info);
+  check_image_size(path, width, height, "PNG");
+  const size_t row_bytes = png_get_rowbytes(reader.png, reader.info);
+  if (png_get_channels(reader.png, reader.info) != 3 || row_bytes != size_t{width} * 3) {
+    throw DataError(path + ": PNG of an unsupported kind (libpng does not make it 8-bit RGB)");
+  }
+  buffer.resize(row_bytes * height);
+  if (!png_read_rows(reader, buffer.data(), height, row_bytes)) {
+    throw DataError(path + ": corrupt or truncated PNG: " + reader.message);
+  }
+  return Pixels{buffer.data(), int64_t{height}, int64_t{width}, static_cast<int64_t>(row_bytes), 3};
+}
+
+[[noreturn]] void throw_not_an_image(const std::string& path) {
+  throw DataError(path + ": not a JPEG or PNG file (unrecognised first bytes)");
+}
+
+// Reads and decodes a JPEG or PNG file into the given buffers, a JPEG at the scale
+// choose_jpeg_scale(width, height, needed) picks.
 Pixels decode_file(const std::string& path, int64_t needed, std::vector<uint8_t>& bytes,
                    std::vector<uint8_t>& buffer) {
   read_file(path, bytes);
-  if (is_jpeg(bytes)) return decode_jpeg(path, bytes, needed, buffer);
+  if (is_jpeg(bytes)) {
+    const JpegHeader header = read_jpeg_header(path, bytes);
+    return decode_jpeg(path, bytes, header,
+                       choose_jpeg_scale(header.width, header.height, needed), buffer);
+  }
   if (is_png(bytes)) return decode_png(path, bytes, buffer);
-  throw DataError(path + ": not a JPEG or PNG file (unrecognised first bytes)");
+  throw_not_an_image(path);
+}
+
+// The training crop: reads the file, draws torchvision's RandomResizedCrop box on the image's
+// full size (from `rng`), and decodes a JPEG at the smallest scale at which that box is still
+// at least `side` pixels high and wide. Sets `box` to the crop in the decoded pixels.
+Pixels decode_random_crop(const std::string& path, int64_t side, double min_scale, SplitMix64& rng,
+                          CropBox& box, std::vector<uint8_t>& bytes, std::vector<uint8_t>& buffer) {
+  constexpr double kMinRatio = 3.0 / 4.0;
+  constexpr double kMaxRatio = 4.0 / 3.0;
+  read_file(path, bytes);
+  if (is_jpeg(bytes)) {
+    const JpegHeader header = read_jpeg_header(path, bytes);
+    const CropBox full = random_resized_crop_box(header.height, header.width, min_scale, 1.0,
+                                                 kMinRatio, kMaxRatio, rng);
+    const int denominator = choose_jpeg_crop_scale(full, header.width, header.height, side);
+    box = scale_crop_box(full, header.width, header.height, denominator);
+    return decode_jpeg(path, bytes, header, denominator, buffer);
+  }
+  if (is_png(bytes)) {
+    const Pixels pixels = decode_png(path, bytes, buffer);
+    box = random_resized_crop_box(pixels.height, pixels.width, min_scale, 1.0, kMinRatio,
+                                  kMaxRatio, rng);
+    return pixels;
+  }
+  throw_not_an_image(path);
 }
 
 // The buffers of the calling thread, reused from image to image.
@@ -253,6 +407,31 @@ int choose_jpeg_scale(int64_t width, int64_t height, int64_t needed) {
   // side is rounded up, as libjpeg sizes it (TJSCALED).
   for (const int denominator : {8, 4, 2}) {
     if ((shorter + denominator - 1) / denominator >= needed) return denominator;
+  }
+  return 1;
+}
+
+CropBox scale_crop_box(const CropBox& box, int64_t width, int64_t height, int denominator) {
+  if (denominator == 1) return box;
+  // Pixel i of the image decoded at 1/d covers pixels [d i, d (i + 1)) of the full one, so an
+  // edge at x lies at x / d, rounded to the nearest pixel edge; each side keeps one pixel.
+  const auto edges = [denominator](int64_t first, int64_t length, int64_t full_size) {
+    const int64_t d = denominator;
+    const int64_t scaled_size = (full_size + d - 1) / d;
+    const int64_t begin = std::min((2 * first + d) / (2 * d), scaled_size - 1);
+    const int64_t end = std::clamp((2 * (first + length) + d) / (2 * d), begin + 1, scaled_size);
+    return std::pair<int64_t, int64_t>{begin, end - begin};
+  };
+  const auto [top, box_height] = edges(box.top, box.height, height);
+  const auto [left, box_width] = edges(box.left, box.width, width);
+  return CropBox{top, left, box_height, box_width};
+}
+
+int choose_jpeg_crop_scale(const CropBox& box, int64_t width, int64_t height, int64_t needed) {
+  if (needed <= 0) return 1;
+  for (const int denominator : {8, 4, 2}) {
+    const CropBox scaled = scale_crop_box(box, width, height, denominator);
+    if (scaled.height >= needed && scaled.width >= needed) return denominator;
   }
   return 1;
 }
@@ -345,11 +524,10 @@ void ImageFolderDataset::transform_into(int64_t index, uint64_t seed, void* outp
   spec.window_width = side;
   Pixels pixels;
   if (options_.split == Split::Train) {
-    pixels = decode_file(path(index), side, buffers.bytes, buffers.pixels);
     SplitMix64 rng(seed);
-    const CropBox box = random_resized_crop_box(pixels.height, pixels.width,
-                                                options_.crop_min_scale, 1.0, 3.0 / 4.0, 4.0 / 3.0,
-                                                rng);
+    CropBox box;
+    pixels = decode_random_crop(path(index), side, options_.crop_min_scale, rng, box,
+                                buffers.bytes, buffers.pixels);
     spec.top = box.top;
     spec.left = box.left;
     spec.height = box.height;

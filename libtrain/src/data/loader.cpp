@@ -22,6 +22,7 @@
 #include <exception>
 #include <mutex>
 #include <numeric>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -136,10 +137,16 @@ constexpr int64_t kMaxSubstituteAttempts = 100;
 // OnError::Skip: skipped samples whose errors are logged and kept in skip_messages().
 constexpr size_t kLoggedSkips = 5;
 
-// A collated batch and the errors of the samples replaced in it (OnError::Skip).
+// A sample replaced under OnError::Skip: its dataset index and its error.
+struct Skip {
+  int64_t index;
+  std::string message;
+};
+
+// A collated batch and the samples replaced in it (OnError::Skip).
 struct Loaded {
   Batch batch;
-  std::vector<std::string> skips;
+  std::vector<Skip> skips;
 };
 
 // A batch slot of the ring: empty, a batch, or the error raised while building it.
@@ -172,8 +179,9 @@ struct Loader::Impl {
 
   std::vector<std::thread> threads;
   double wait_seconds = 0.0;
-  // Caller-side: samples replaced in delivered batches, and the first errors.
-  int64_t skipped = 0;
+  // Caller-side: the (epoch, index) of the samples replaced in delivered batches, and the first
+  // errors. A set, because a batch can be delivered again (start() at an earlier batch).
+  std::set<std::pair<int64_t, int64_t>> skipped;
   std::vector<std::string> skip_messages;
 
   int64_t capacity() const { return options.workers * options.prefetch; }
@@ -224,7 +232,7 @@ struct Loader::Impl {
     if (std::optional<Batch> whole = whole_batch(begin, end)) return Loaded{std::move(*whole), {}};
     std::vector<Example> examples;
     examples.reserve(end - begin);
-    std::vector<std::string> skips;
+    std::vector<Skip> skips;
     for (size_t i = begin; i < end; ++i) {
       const int64_t index = order[i];
       try {
@@ -233,7 +241,7 @@ struct Loader::Impl {
         const std::string context = "loading sample " + std::to_string(index) + " (batch " +
                                     std::to_string(b) + " of epoch " + std::to_string(epoch) + ")";
         if (options.on_error == OnError::Raise) rethrow_with_context(context);
-        skips.push_back(context + ": " + current_error_message());
+        skips.push_back(Skip{index, context + ": " + current_error_message()});
         examples.push_back(substitute(index, context));
       }
     }
@@ -299,13 +307,14 @@ struct Loader::Impl {
     }
   }
 
-  // Caller thread: counts and reports the samples replaced in a batch being delivered.
+  // Caller thread: counts and reports the samples replaced in a batch being delivered, each
+  // once per epoch.
   Batch deliver(Loaded&& loaded) {
-    for (std::string& message : loaded.skips) {
-      ++skipped;
+    for (Skip& skip : loaded.skips) {
+      if (!skipped.emplace(epoch, skip.index).second) continue;
       if (skip_messages.size() >= kLoggedSkips) continue;
-      log::warn("data.on_error skip: " + message + "; replaced by the next sample that loads");
-      skip_messages.push_back(std::move(message));
+      log::warn("data.on_error skip: " + skip.message + "; replaced by the next sample that loads");
+      skip_messages.push_back(std::move(skip.message));
       if (skip_messages.size() == kLoggedSkips) {
         log::warn("data.on_error skip: further skipped samples are counted but not logged");
       }
@@ -381,7 +390,11 @@ int64_t Loader::samples_per_epoch() const {
 
 double Loader::wait_seconds() const { return impl_->wait_seconds; }
 
-int64_t Loader::skipped() const { return impl_->skipped; }
+int64_t Loader::skipped() const { return static_cast<int64_t>(impl_->skipped.size()); }
+
+const std::set<std::pair<int64_t, int64_t>>& Loader::skipped_samples() const {
+  return impl_->skipped;
+}
 
 const std::vector<std::string>& Loader::skip_messages() const { return impl_->skip_messages; }
 

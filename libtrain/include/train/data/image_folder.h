@@ -16,6 +16,7 @@
 // naming it.
 #include <train/data/dataset.h>
 #include <train/data/factory.h>
+#include <train/data/transforms.h>
 
 #include <cstdint>
 #include <string>
@@ -32,12 +33,30 @@ std::vector<std::string> find_image_classes(const std::string& directory);
 // `needed` <= 0 means full size.
 int choose_jpeg_scale(int64_t width, int64_t height, int64_t needed);
 
+// A crop `box` of a width x height image, in that image decoded at scale 1/denominator
+// (ceil(width / d) x ceil(height / d)): pixel i there covers pixels [d i, d i + d) here, so each
+// edge is divided by d and rounded to the nearest pixel edge, keeping at least one pixel.
+CropBox scale_crop_box(const CropBox& box, int64_t width, int64_t height, int denominator);
+
+// The JPEG decoding scale 1/denominator (1, 2, 4 or 8) for a crop `box` of a width x height
+// image that is then resized to needed x needed: the smallest whose scale_crop_box is still at
+// least `needed` pixels high and wide, so that the crop is only enlarged when the full-size crop
+// itself is smaller than the output. `needed` <= 0 means full size.
+int choose_jpeg_crop_scale(const CropBox& box, int64_t width, int64_t height, int64_t needed);
+
 // Decodes a JPEG or PNG file, recognised by its first bytes, into RGB: uint8 [3, H, W], a
-// channels-first view of the decoder's interleaved pixels. Grayscale and palette images are
-// expanded to RGB, a PNG's alpha channel is dropped (not blended, like PIL's convert("RGB")),
-// and CMYK JPEGs are converted with the Adobe (inverted) convention. A JPEG is decoded at the
-// scale choose_jpeg_scale(width, height, needed) picks. DataError naming the file when it
-// cannot be read or decoded.
+// channels-first view of the decoder's interleaved pixels, with the values of PIL's
+// Image.open(path).convert("RGB"), which torchvision's ImageFolder loads:
+//   - grayscale and palette images are expanded to RGB, and a PNG's alpha channel (or tRNS
+//     transparency) is dropped, not blended;
+//   - 16-bit PNG samples keep their high byte (v >> 8). PIL clips 16-bit grayscale to 255
+//     instead, which makes most such images white; here it is the high byte too;
+//   - no gamma or colour-profile conversion: a PNG's gAMA, cHRM, sRGB or iCCP chunk is ignored;
+//   - CMYK JPEGs are converted with the Adobe (inverted) convention;
+//   - libjpeg's harmless warnings (stray bytes before a marker, an unknown JFIF version) are
+//     ignored, as PIL ignores them; every other warning is an error.
+// A JPEG is decoded at the scale choose_jpeg_scale(width, height, needed) picks. DataError
+// naming the file when it cannot be read or decoded.
 torch::Tensor decode_image(const std::string& path, int64_t needed = 0);
 
 struct ImageFolderOptions {
@@ -64,11 +83,14 @@ struct ImageFolderOptions {
 // uint8 [3, S, S] in [0, 255] with options.uint8, and a 0-d int64 class index.
 //   Train: torchvision's RandomResizedCrop(S, scale = (crop_min_scale, 1), ratio = (3/4, 4/3)),
 //          then a horizontal flip with p = 0.5 when random_flip; all drawn from the sample seed.
+//          The crop box is drawn on the full-size image, as torchvision draws it.
 //   Val:   Resize(resize_size) of the shorter side, then CenterCrop(S).
 // Resizing is bilinear with antialiasing, as in torchvision. JPEGs are decoded at the smallest
-// DCT scale whose shorter side still covers the output (Train: S, Val: resize_size), so a large
-// photo decodes several times faster; a small random crop of it is then upsampled from the
-// reduced image rather than downsampled from the full one.
+// DCT scale at which what is resized still covers the output (Train: the crop box, mapped by
+// scale_crop_box, at least S x S; Val: a shorter side of at least resize_size), so a large photo
+// decodes several times faster, and a crop is only enlarged when torchvision enlarges it too.
+// The result differs from resizing the full-size decode by the DCT scaling's own filtering and
+// by the crop's edges moving to whole pixels of the reduced image.
 class ImageFolderDataset : public Dataset {
  public:
   // Lists the images (no decoding). DataError naming the directory when it is missing, holds

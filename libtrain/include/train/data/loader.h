@@ -10,15 +10,18 @@
 // replaced in its batch by the next sample in dataset index order that loads: index + 1, + 2, ...
 // (wrapping around), with that sample's own seed. The substitute depends only on the failing
 // index, so delivery stays identical for any worker count, and batches keep their size. Each
-// replaced sample counts once in skipped(), when its batch is delivered; the first few are
-// logged as warnings with the error (which names the file). If no sample of the dataset loads,
+// replaced sample counts once per epoch in skipped(), when its batch is first delivered (a batch
+// delivered again after start() rewinds does not count it again); the first few are logged as
+// warnings with the error (which names the file). If no sample of the dataset loads,
 // next() raises the first error.
 #include <train/data/dataset.h>
 
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace train::data {
@@ -64,8 +67,11 @@ class Loader {
   int64_t samples_per_epoch() const;  // samples this rank sees per epoch (after padding/drop)
   // Seconds the caller spent blocked inside next() since construction.
   double wait_seconds() const;
-  // Samples replaced under OnError::Skip in the batches delivered since construction.
+  // Samples replaced under OnError::Skip in the batches delivered since construction, each
+  // counted once per epoch: the size of skipped_samples().
   int64_t skipped() const;
+  // Their (epoch, dataset index).
+  const std::set<std::pair<int64_t, int64_t>>& skipped_samples() const;
   // The errors of the first few of them (each names the sample index and, where the dataset
   // says, the file).
   const std::vector<std::string>& skip_messages() const;
