@@ -97,60 +97,139 @@ void verify_sum(const std::string& path) {
 
 // LibTorch reads archive members without checking their CRC-32 (PyTorch builds miniz with the
 // reader's CRC checks off), and its TorchScript importer can crash on a damaged code/ member
-// (1.13: SIGSEGV in ScriptTypeParser, found by fuzz/fuzz_checkpoint.cpp). So a checkpoint that
-// has no .crc32c sidecar has the CRC-32 of each stored member checked here first. Structural
-// problems before the members (no zip directory) are left to LibTorch to report, and so are
-// ZIP64 archives (over 4 GiB), whose fields this does not read.
+// (1.13: SIGSEGV in ScriptTypeParser; found by fuzz/fuzz_checkpoint.cpp). So a checkpoint that
+// has no .crc32c sidecar has each member's CRC-32 checked here first: stored members as they
+// are, deflated ones (LibTorch deflates some code/ sources) after inflating them a chunk at a
+// time. The directory is found the way miniz finds it: LibTorch's writers always add a ZIP64
+// end record, and when its locator is present miniz takes the directory's place from it and
+// ignores the 32-bit fields, so this does too (a damaged 32-bit offset once let a damaged
+// member through unchecked). Damage this cannot read past is an error, not a reason to skip.
 void verify_zip_members(const std::string& path) {
   std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
+  if (!f) return;  // open_archive reports unreadable files
   const int64_t size = files::file_size(path);
-  if (!f || size < 22) return;
-  auto read_at = [&](int64_t offset, size_t n, std::vector<uint8_t>& out) {
-    if (offset < 0 || offset + static_cast<int64_t>(n) > size) return false;  // before allocating n
-    out.resize(n);
-    return std::fseek(f.get(), offset, SEEK_SET) == 0 && std::fread(out.data(), 1, n, f.get()) == n;
+  auto corrupt = [&](const std::string& detail) {
+    return CheckpointError(path + ": not a readable checkpoint (truncated or corrupt): " + detail);
+  };
+  auto read_at = [&](uint64_t offset, uint64_t n, std::vector<uint8_t>& out) {
+    // Bounds first, so a damaged size field cannot make this allocate.
+    if (offset > static_cast<uint64_t>(size) || n > static_cast<uint64_t>(size) - offset) return false;
+    out.resize(static_cast<size_t>(n));
+    return std::fseek(f.get(), static_cast<long>(offset), SEEK_SET) == 0 && std::fread(out.data(), 1, out.size(), f.get()) == out.size();
   };
   auto u16 = [](const uint8_t* p) { return static_cast<uint32_t>(p[0] | p[1] << 8); };
   auto u32 = [](const uint8_t* p) { return static_cast<uint32_t>(p[0] | p[1] << 8 | p[2] << 16) | uint32_t{p[3]} << 24; };
+  auto u64 = [&](const uint8_t* p) { return uint64_t{u32(p)} | uint64_t{u32(p + 4)} << 32; };
+  if (size < 22) throw corrupt(std::to_string(size) + " bytes, too short for a zip archive");
+
   // The end-of-central-directory record: the last 22 bytes, or earlier when a comment follows.
   std::vector<uint8_t> tail;
   const int64_t tail_size = std::min<int64_t>(size, 22 + 65535);
-  if (!read_at(size - tail_size, static_cast<size_t>(tail_size), tail)) return;
+  if (!read_at(static_cast<uint64_t>(size - tail_size), static_cast<uint64_t>(tail_size), tail)) return;
   int64_t eocd = tail_size - 22;
   while (eocd >= 0 && u32(&tail[eocd]) != 0x06054b50) --eocd;
-  if (eocd < 0) return;
-  const uint32_t entries = u16(&tail[eocd + 10]), dir_size = u32(&tail[eocd + 12]), dir_offset = u32(&tail[eocd + 16]);
-  if (entries == 0xFFFF || dir_size == 0xFFFFFFFF || dir_offset == 0xFFFFFFFF) return;  // ZIP64
+  if (eocd < 0) throw corrupt("no zip end-of-directory record");
+  uint64_t entries = u16(&tail[eocd + 10]), dir_size = u32(&tail[eocd + 12]), dir_offset = u32(&tail[eocd + 16]);
+  const uint64_t eocd_at = static_cast<uint64_t>(size - tail_size + eocd);
+  std::vector<uint8_t> locator, record;
+  if (eocd_at >= 20 && read_at(eocd_at - 20, 20, locator) && u32(locator.data()) == 0x07064b50) {
+    if (!read_at(u64(&locator[8]), 56, record) || u32(record.data()) != 0x06064b50) {
+      throw corrupt("its ZIP64 end-of-directory locator points at no ZIP64 record");
+    }
+    entries = u64(&record[32]);
+    dir_size = u64(&record[40]);
+    dir_offset = u64(&record[48]);
+  }
   std::vector<uint8_t> dir, local, chunk;
-  if (!read_at(dir_offset, dir_size, dir)) return;
+  if (!read_at(dir_offset, dir_size, dir)) {
+    throw corrupt("its zip directory (" + std::to_string(dir_size) + " bytes at offset " + std::to_string(dir_offset) +
+                  ") lies outside the file's " + std::to_string(size) + " bytes");
+  }
   for (size_t p = 0, i = 0; i < entries; ++i) {
-    if (p + 46 > dir.size() || u32(&dir[p]) != 0x02014b50) return;
-    const uint32_t method = u16(&dir[p + 10]), crc = u32(&dir[p + 16]), stored = u32(&dir[p + 20]);
-    const uint32_t name_length = u16(&dir[p + 28]), local_offset = u32(&dir[p + 42]);
-    const size_t next = p + 46 + name_length + u16(&dir[p + 30]) + u16(&dir[p + 32]);
-    if (next > dir.size()) return;
-    const std::string name(dir.begin() + static_cast<int64_t>(p) + 46, dir.begin() + static_cast<int64_t>(p) + 46 + name_length);
+    if (p + 46 > dir.size() || u32(&dir[p]) != 0x02014b50) {
+      throw corrupt("zip directory entry " + std::to_string(i) + " of " + std::to_string(entries) + " is damaged");
+    }
+    const uint32_t method = u16(&dir[p + 10]), crc = u32(&dir[p + 16]);
+    uint64_t stored = u32(&dir[p + 20]), expanded = u32(&dir[p + 24]), local_offset = u32(&dir[p + 42]);
+    const size_t name_length = u16(&dir[p + 28]), extra_length = u16(&dir[p + 30]);
+    const size_t next = p + 46 + name_length + extra_length + u16(&dir[p + 32]);
+    if (next > dir.size()) {
+      throw corrupt("zip directory entry " + std::to_string(i) + " of " + std::to_string(entries) + " is damaged");
+    }
+    const std::string name(dir.begin() + static_cast<int64_t>(p) + 46, dir.begin() + static_cast<int64_t>(p + 46 + name_length));
+    // ZIP64 sizes and offset (over 4 GiB): a 0xFFFFFFFF field is replaced, in order, by the
+    // 64-bit values of the entry's extra field 0x0001.
+    for (size_t e = p + 46 + name_length, end = e + extra_length; e + 4 <= end;) {
+      const size_t id = u16(&dir[e]), length = u16(&dir[e + 2]);
+      size_t at = e + 4;
+      const size_t field_end = std::min(at + length, end);
+      e = at + length;
+      if (id != 0x0001) continue;
+      for (uint64_t* field : {&expanded, &stored, &local_offset}) {
+        if (*field != 0xFFFFFFFF) continue;
+        if (at + 8 > field_end) throw corrupt("archive member '" + name + "' has a damaged ZIP64 extra field");
+        *field = u64(&dir[at]);
+        at += 8;
+      }
+    }
     p = next;
-    if (method != 0 || stored == 0xFFFFFFFF || local_offset == 0xFFFFFFFF) continue;  // compressed or ZIP64
     // The directory names a member here, so a missing local header or data that runs past the
-    // end is damage, not a format this check skips: LibTorch 1.13 read on from such archives and
-    // asked for a 4 GiB string (found by fuzz/fuzz_checkpoint.cpp).
+    // end is damage: LibTorch 1.13 read on from such archives and asked for a 4 GiB string.
     const std::string damaged = path + ": archive member '" + name + "' ";
     if (!read_at(local_offset, 30, local) || u32(local.data()) != 0x04034b50) {
       throw CheckpointError(damaged + "has no local header at its offset; the file is corrupt");
     }
-    int64_t offset = int64_t{local_offset} + 30 + u16(&local[26]) + u16(&local[28]);
-    if (offset + int64_t{stored} > size) throw CheckpointError(damaged + "runs past the end of the file; it is truncated");
+    uint64_t offset = local_offset + 30 + u16(&local[26]) + u16(&local[28]);
+    if (offset > static_cast<uint64_t>(size) || stored > static_cast<uint64_t>(size) - offset) {
+      throw CheckpointError(damaged + "runs past the end of the file; it is truncated");
+    }
+    if (method != 0 && method != 8) {
+      throw CheckpointError(damaged + "uses compression method " + std::to_string(method) +
+                            ", which LibTorch's writer never uses; the file is corrupt");
+    }
+    z_stream z{};
+    if (method == 8 && inflateInit2(&z, -MAX_WBITS) != Z_OK) throw std::bad_alloc();
+    std::unique_ptr<z_stream, int (*)(z_stream*)> inflater(method == 8 ? &z : nullptr, &inflateEnd);
+    std::vector<uint8_t> out(method == 8 ? 1 << 16 : 0);
     uLong actual = crc32(0, nullptr, 0);
-    for (int64_t left = stored; left > 0;) {
-      const size_t n = static_cast<size_t>(std::min<int64_t>(left, 1 << 20));
-      if (!read_at(offset, n, chunk)) return;
-      actual = crc32(actual, chunk.data(), static_cast<uInt>(n));
-      offset += static_cast<int64_t>(n);
-      left -= static_cast<int64_t>(n);
+    uint64_t produced = 0;
+    bool ended = method == 0;
+    for (uint64_t left = stored; left > 0 && produced <= expanded;) {
+      const uint64_t n = std::min<uint64_t>(left, 1 << 20);
+      if (!read_at(offset, n, chunk)) throw CheckpointError(damaged + "cannot be read");
+      offset += n;
+      left -= n;
+      if (method == 0) {
+        actual = crc32(actual, chunk.data(), static_cast<uInt>(n));
+        continue;
+      }
+      z.next_in = chunk.data();
+      z.avail_in = static_cast<uInt>(n);
+      while (z.avail_in > 0 && !ended && produced <= expanded) {
+        z.next_out = out.data();
+        z.avail_out = static_cast<uInt>(out.size());
+        const int rc = inflate(&z, Z_NO_FLUSH);
+        const size_t got = out.size() - z.avail_out;
+        actual = crc32(actual, out.data(), static_cast<uInt>(got));
+        produced += got;
+        if (rc == Z_STREAM_END) {
+          ended = true;
+        } else if (rc != Z_OK) {  // Z_BUF_ERROR too: with input and room left, no progress is damage
+          throw CheckpointError(damaged + "is not a valid deflate stream; the file is corrupt");
+        }
+      }
+      if (ended) break;
+    }
+    if (method == 8) {
+      const std::string recorded = std::to_string(expanded) + " bytes its directory entry records; the file is corrupt";
+      if (produced > expanded) throw CheckpointError(damaged + "inflates to more than the " + recorded);
+      if (!ended) throw CheckpointError(damaged + "ends before its deflate stream does; the file is corrupt");
+      if (produced != expanded) {
+        throw CheckpointError(damaged + "inflates to " + std::to_string(produced) + " bytes, not the " + recorded);
+      }
     }
     if (actual != crc) {
-      throw CheckpointError(path + ": archive member '" + name + "' fails its CRC-32 check; the file is corrupt");
+      throw CheckpointError(damaged + "fails its CRC-32 check; the file is corrupt");
     }
   }
 }
