@@ -297,6 +297,41 @@ TEST_CASE("plan: when not even one sample fits the budget the plan takes micro-b
   CHECK_THAT(s.to_text(), Catch::Contains("not even one sample fits") && !Catch::Contains("no memory measurement"));
 }
 
+TEST_CASE("plan: a cached measurement is re-sized to the memory free now", "[plan]") {
+  MemoryEvidence cached;
+  cached.fixed_bytes = int64_t{2} << 30;
+  cached.per_sample_bytes = 64.0 * (1 << 20);   // 16 samples per GiB
+  cached.budget_bytes = int64_t{66} << 30;      // 64 GiB of samples: 1024 fit
+  cached.max_micro_batch = 1000;                // trial found 1000 the limit
+  cached.source = "probe on cuda:0 at 8, 16, 32";
+  // As much or more free: unchanged, since sizes above 1000 were never confirmed.
+  for (int64_t gib : {66, 70}) {
+    const MemoryEvidence same = with_current_budget(cached, gib << 30);
+    CHECK(same.max_micro_batch == 1000);
+    CHECK(same.budget_bytes == cached.budget_bytes);
+    CHECK(same.source == cached.source);
+  }
+  // Slightly less, still room for 1000: the budget is updated and nothing else.
+  const MemoryEvidence close = with_current_budget(cached, int64_t{65} << 30);
+  CHECK(close.max_micro_batch == 1000);
+  CHECK(close.budget_bytes == int64_t{65} << 30);
+  CHECK(close.source == cached.source);
+  // Another process holds 40 GiB: 24 GiB of samples fit, 384.
+  const MemoryEvidence busy = with_current_budget(cached, int64_t{26} << 30);
+  CHECK(busy.max_micro_batch == 384);
+  CHECK_THAT(busy.source, Catch::Contains("26 GiB budget now, 66 GiB when measured: largest micro-batch 384, was 1000"));
+  // Not even the fixed cost fits any more: the plan's nothing-fits warning takes over.
+  CHECK(with_current_budget(cached, int64_t{1} << 30).max_micro_batch == 0);
+  Config c = base_config(256);
+  PlanInputs in;
+  in.memory = with_current_budget(cached, int64_t{1} << 30);
+  CHECK_THAT(make_plan(c, gpu_profile(8), in).to_text(), Catch::Contains("WARNING: not even one sample fits"));
+  // No budget recorded (the micro-batch was fixed): nothing to re-size.
+  MemoryEvidence none;
+  CHECK(with_current_budget(none, int64_t{1} << 30).max_micro_batch == 0);
+  CHECK(with_current_budget(none, int64_t{1} << 30).budget_bytes == 0);
+}
+
 TEST_CASE("plan: scale mode grows the global batch and scales the LR", "[plan]") {
   Config c = base_config(256);
   c.tuning.batch = "scale";

@@ -70,6 +70,26 @@ int64_t largest_divisor_at_most(int64_t n, int64_t cap) {
 
 }  // namespace
 
+MemoryEvidence with_current_budget(MemoryEvidence cached, int64_t budget_bytes) {
+  if (cached.budget_bytes <= 0 || budget_bytes <= 0 || budget_bytes >= cached.budget_bytes) return cached;
+  const int64_t was = cached.max_micro_batch;
+  int64_t fits = 0;
+  if (cached.per_sample_bytes > 0) {
+    const double solution = std::floor(static_cast<double>(budget_bytes - cached.fixed_bytes) / cached.per_sample_bytes);
+    fits = solution <= 0 ? 0 : solution >= static_cast<double>(was) ? was : static_cast<int64_t>(solution);
+  } else {
+    fits = cached.fixed_bytes <= budget_bytes ? was : 0;
+  }
+  const std::string budgets = gib(static_cast<double>(budget_bytes)) + " budget now, " +
+                              gib(static_cast<double>(cached.budget_bytes)) + " when measured";
+  cached.budget_bytes = budget_bytes;
+  if (fits < was) {
+    cached.max_micro_batch = fits;
+    cached.source += "; " + budgets + ": largest micro-batch " + std::to_string(fits) + ", was " + std::to_string(was);
+  }
+  return cached;
+}
+
 Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInputs& inputs) {
   Plan plan;
   plan.device = device;

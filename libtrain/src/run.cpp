@@ -133,9 +133,11 @@ MemoryEvidence gather_evidence(const Config& config, const DeviceProfile& device
   PlanCache cache(config.tuning.cache_dir);
   const PlanCacheKey key = cache_key(config, device, draft, model, input_shape, world_size);
   const std::string scope = cache_scope(config);
+  const int64_t free_bytes = device.named ? device.total_memory : device.free_memory;
+  const int64_t budget_bytes = static_cast<int64_t>(static_cast<double>(free_bytes) * config.tuning.memory_fraction);
   if (auto hit = cache.find(key)) {
     log::info("plan cache hit: " + cache.dir() + "/" + key.hash() + ".json (no probe)");
-    return *hit;
+    return with_current_budget(*hit, budget_bytes);  // another process may hold memory it did not
   }
   // On a CPU the whole per-rank batch is one pass in fixed mode: host memory is rarely the limit,
   // so the probe only runs when the batch may grow (a cached out-of-memory record still counts).
@@ -176,8 +178,7 @@ MemoryEvidence gather_evidence(const Config& config, const DeviceProfile& device
   }
   evidence.fixed_bytes = fit.fixed_bytes;
   evidence.per_sample_bytes = fit.per_sample_bytes;
-  const int64_t free_bytes = device.named ? device.total_memory : device.free_memory;
-  evidence.budget_bytes = static_cast<int64_t>(static_cast<double>(free_bytes) * config.tuning.memory_fraction);
+  evidence.budget_bytes = budget_bytes;
   evidence.source = "probe on " + options.device + (options.bf16 ? " (bf16)" : options.fp16 ? " (fp16)" : "") + " at " + batch_list +
                     (measurement_cached ? " (measured earlier, from the plan cache)" : "");
   if (device.named) {

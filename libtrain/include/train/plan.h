@@ -77,6 +77,12 @@ struct PlanInputs {
   MemoryEvidence memory;
 };
 
+// A measurement from the plan cache under the memory free now: the fit (fixed + per-sample bytes)
+// still holds, the budget it was sized for may not. With less free than at the probe, the largest
+// micro-batch drops to what fits now, and the source says so; with as much or more it is kept
+// (sizes above it were never confirmed on this device).
+MemoryEvidence with_current_budget(MemoryEvidence cached, int64_t budget_bytes);
+
 // Resolves the batch arithmetic, precision and loader decisions. Throws ConfigError when the
 // global batch cannot be split exactly.
 Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInputs& inputs);
