@@ -5,6 +5,7 @@
 #include <train/data/token_file.h>
 #include <train/errors.h>
 #include <train/files.h>
+#include <train/models/bert.h>
 #include <train/models/model.h>
 #include <train/optim.h>
 #include <train/run.h>
@@ -500,23 +501,43 @@ TEST_CASE("plan: configs/resnet50_imagenet.yaml on a T4 and an A100, without the
   files::remove_all(cache);
 }
 
-TEST_CASE("plan cache: a masked-LM plan is keyed by data.mask_prob since it sets the size of the head", "[plan][probe][bert]") {
-  const std::string dir = temp_dir("mlm_cache");
+namespace {
+
+// A 50-token vocabulary (vocab.txt) and train/val token files in dir: [PAD] at id pad_id, the
+// other specials [UNK] [CLS] [SEP] [MASK] at the lowest other ids, documents of 12 to 35 tokens
+// from the remaining 45 ids.
+void write_mlm_corpus(const std::string& dir, int64_t pad_id) {
+  std::vector<std::string> words(50);
+  std::vector<int64_t> specials, plain;
+  for (int64_t id = 0; id < 50; ++id) {
+    if (id == pad_id) continue;
+    (specials.size() < 4 ? specials : plain).push_back(id);
+  }
+  words[static_cast<size_t>(pad_id)] = "[PAD]";
+  const char* names[] = {"[UNK]", "[CLS]", "[SEP]", "[MASK]"};
+  for (size_t i = 0; i < 4; ++i) words[static_cast<size_t>(specials[i])] = names[i];
+  for (size_t i = 0; i < plain.size(); ++i) words[static_cast<size_t>(plain[i])] = "w" + std::to_string(i);
   {
     std::ofstream vocab(files::join(dir, "vocab.txt"));
-    vocab << "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n";
-    for (int i = 0; i < 45; ++i) vocab << "w" << i << "\n";
+    for (const auto& w : words) vocab << w << "\n";
   }
   std::vector<std::vector<int64_t>> docs;
   for (int d = 0; d < 24; ++d) {
     docs.emplace_back();
-    for (int t = 0; t < 12 + d; ++t) docs.back().push_back(5 + (d * 7 + t * 3) % 45);
+    for (int t = 0; t < 12 + d; ++t) docs.back().push_back(plain[static_cast<size_t>((d * 7 + t * 3) % 45)]);
   }
   train::data::TokenFileOptions token_options;
   token_options.vocab_size = 50;
-  token_options.special = {0, 1, 2, 3, 4};
+  token_options.special = {pad_id, specials[0], specials[1], specials[2], specials[3]};
   train::data::write_token_file(files::join(dir, "train.tokens"), docs, token_options);
   train::data::write_token_file(files::join(dir, "val.tokens"), docs, token_options);
+}
+
+}  // namespace
+
+TEST_CASE("plan cache: a masked-LM plan is keyed by data.mask_prob since it sets the size of the head", "[plan][probe][bert]") {
+  const std::string dir = temp_dir("mlm_cache");
+  write_mlm_corpus(dir, 0);
   auto plan_with = [&](const std::string& mask_prob) {
     const Config c = parse_config(
         "model: {name: bert-mlm, preset: bert-tiny, vocab_size: 50, num_classes: 50, max_positions: 16}\n"
@@ -534,6 +555,39 @@ TEST_CASE("plan cache: a masked-LM plan is keyed by data.mask_prob since it sets
   const std::string other = plan_with("0.3");
   CHECK_THAT(other, !Catch::Contains("plan cache"));
   CHECK_THAT(other, !Catch::Contains("measured earlier"));
+  files::remove_all(dir);
+}
+
+TEST_CASE("a BERT model masks the id its data pads with, not a fixed 0", "[bert][trainer]") {
+  const std::string dir = temp_dir("mlm_pad");
+  write_mlm_corpus(dir, 5);  // [PAD] is id 5, as in a vocabulary that does not start with it
+  auto config = [&](const std::string& model_extra) {
+    return parse_config("model: {name: bert-mlm, preset: bert-tiny, vocab_size: 50, num_classes: 50, max_positions: 16, "
+                        "dropout: 0.0" + model_extra + "}\n"
+                        "data: {kind: tokens, root: " + dir + ", vocab_file: vocab.txt, seq_len: 16, workers: 0}\n"
+                        "trainer: {global_batch: 8, max_steps: 1}\n",
+                        "mlm.yaml");
+  };
+  RunParts run = prepare_run(config(""));
+  auto* bert = dynamic_cast<models::BertModel*>(run.model.get());
+  REQUIRE(bert);
+  CHECK(bert->options().pad_id == 5);
+  // Padding changes nothing at the real positions: the model does not attend to it.
+  bert->eval();
+  torch::NoGradGuard no_grad;
+  const auto real = torch::tensor({{1, 7, 8, 9, 2}}, torch::kLong);  // [CLS] w w w [SEP]
+  const auto padded = torch::cat({real, torch::full({1, 4}, 5, torch::kLong)}, 1);
+  const auto alone = bert->forward(real);
+  const auto with_padding = bert->forward(padded).narrow(1, 0, 5);
+  CHECK(torch::allclose(alone, with_padding, 1e-5, 1e-5));
+  // An explicit model.pad_id that contradicts the data's is a config error naming the key.
+  try {
+    prepare_run(config(", pad_id: 0"));
+    FAIL("expected a ConfigError");
+  } catch (const ConfigError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("key 'model.pad_id': 0, but the data pads with id 5"));
+  }
+  CHECK(dynamic_cast<models::BertModel&>(*prepare_run(config(", pad_id: 5")).model).options().pad_id == 5);
   files::remove_all(dir);
 }
 

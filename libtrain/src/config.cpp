@@ -227,6 +227,11 @@ std::vector<Key> build_schema() {
             "BERT: position embeddings (longest sequence; at least data.seq_len); 0 = the preset's")
           .at_least(0)
           .at_most(limits::kMaxSeqLen),
+      model("pad_id", &M::pad_id,
+            "BERT: the padding id, masked out of attention (input != pad_id); -1 = the data's "
+            "(data.pad_id, or [PAD] in the vocabulary), else 0. Must equal the data's when both are set")
+          .at_least(-1)
+          .at_most(limits::kMaxVocab),
       model("dropout", &M::dropout, "BERT: hidden and attention dropout").at_least(0).below(1),
       model("attention", &M::attention,
             "BERT: fused = scaled_dot_product_attention (LibTorch 2.0+), plain = written-out softmax "

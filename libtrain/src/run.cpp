@@ -295,8 +295,18 @@ RunParts prepare_run(const Config& config, const RunOptions& options) {
                       r.train->describe() + ") has " + std::to_string(num_classes) + " classes");
   }
 
+  // The model masks padding out of attention by the id the data pads with.
+  ModelConfig model_config = config.model;
+  if (const int64_t data_pad = r.train ? r.train->pad_id() : -1; data_pad >= 0) {
+    if (model_config.pad_id >= 0 && model_config.pad_id != data_pad) {
+      throw ConfigError("key 'model.pad_id': " + std::to_string(model_config.pad_id) + ", but the data pads with id " +
+                        std::to_string(data_pad) + " (" + r.train->describe() +
+                        "); padding would be attended to. Remove model.pad_id or make it equal");
+    }
+    model_config.pad_id = data_pad;
+  }
   torch::manual_seed(static_cast<uint64_t>(config.trainer.seed));
-  r.model = models::make_model(config.model);
+  r.model = models::make_model(model_config);
   // What the model can take (its input size, positions, vocabulary) against what the data gives:
   // a mismatch is a config error now, before anything is written, not a failure in the first step.
   if (r.train) {

@@ -55,6 +55,7 @@ struct ModelConfig {
   int64_t heads = 0;
   int64_t intermediate_size = 0;  // 0 = the preset's, or 4 x hidden_size when that is set
   int64_t max_positions = 0;
+  int64_t pad_id = -1;           // padding id, masked out of attention; -1 = the data's (else 0)
   double dropout = 0.1;          // hidden and attention-probability dropout
   std::string attention = "auto";  // auto | fused | plain
 };

@@ -288,6 +288,7 @@ ModelPtr make_bert(BertHead head, const ModelConfig& config) {
   pick(config.intermediate_size, o.intermediate_size);
   if (config.hidden_size > 0 && config.intermediate_size == 0) o.intermediate_size = 4 * o.hidden_size;
   pick(config.max_positions, o.max_positions);
+  if (config.pad_id >= 0) o.pad_id = config.pad_id;
   o.dropout = config.dropout;
   o.attention_dropout = config.dropout;
   o.head = head;

@@ -54,6 +54,9 @@ class Dataset {
   // Token datasets: the size of the vocabulary the ids come from (every input id is below it), so
   // that a model's embedding can be checked against it before training; 0 for other data.
   virtual int64_t vocab_size() const { return 0; }
+  // Token datasets: the id that pads samples, which the model must mask out of attention; -1 for
+  // data without padding.
+  virtual int64_t pad_id() const { return -1; }
 };
 
 using DatasetPtr = std::shared_ptr<const Dataset>;

@@ -116,6 +116,7 @@ class TokenDataset : public Dataset {
   int64_t num_classes() const override { return vocab_size_; }
   std::string describe() const override;
   int64_t vocab_size() const override { return vocab_size_; }
+  int64_t pad_id() const override { return special_.pad; }
 
   // Sample `index` before masking: [CLS] body [SEP] [PAD]..., int64 [T].
   torch::Tensor tokens(int64_t index) const;

@@ -39,6 +39,7 @@ class TsvDataset : public data::Dataset {
   int64_t num_classes() const override { return static_cast<int64_t>(options_.classes.size()); }
   std::string describe() const override;
   int64_t vocab_size() const override { return options_.tokenizer->vocab().size(); }
+  int64_t pad_id() const override { return options_.tokenizer->pad_id(); }
 
   const std::vector<std::string>& classes() const { return options_.classes; }
   const std::vector<int64_t>& labels() const { return labels_; }
