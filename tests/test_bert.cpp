@@ -3,6 +3,7 @@
 #include <fstream>
 
 #include "train/amp.h"
+#include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/data/factory.h"
 #include "train/errors.h"
@@ -359,6 +360,37 @@ TEST_CASE("MiniLM hidden states match transformers' BertModel within 1e-4", "[be
     const auto derived = model.encode(ref.at("input_ids"), ref.at("token_type_ids"));
     CHECK((derived - hidden).abs().max().item<double>() == 0.0);
   }
+  train::files::remove_all(dir);
+}
+
+TEST_CASE("Hugging Face head-model checkpoints (encoder under 'bert.') load strictly, same logits", "[bert][oracle]") {
+  const std::string dir = train::files::make_temp_directory("bert_heads");
+  REQUIRE(train::testing::run_python("bert_head_oracle.py", dir) == 0);
+  const train::TensorMap ref = train::read_safetensors(dir + "/reference.safetensors");
+  torch::NoGradGuard no_grad;
+  for (const BertHead head : {BertHead::kMaskedLM, BertHead::kClassifier}) {
+    const bool mlm = head == BertHead::kMaskedLM;
+    const std::string path = dir + (mlm ? "/mlm" : "/classifier") + "/model.safetensors";
+    CAPTURE(path);
+    BertModel model(tiny(head));
+    const train::LoadReport report = train::load_state_dict(model, train::read_safetensors(path), /*strict=*/true, path);
+    CHECK(report.stripped_prefix == "bert.");
+    CHECK(report.loaded.size() == (mlm ? 42u : 41u));
+    train::load_model_weights(path, model, /*strict=*/true);  // the model.init_from path
+    model.eval();
+    const auto logits = model.forward(ref.at("input_ids"));
+    const auto& expected = ref.at(mlm ? "mlm_logits" : "classifier_logits");
+    // Padded positions of the second row: transformers computes them too, from masked attention.
+    CHECK((logits - expected).abs().max().item<double>() < 1e-4);
+  }
+  // Names that do not line up under one prefix are taken as they are, and the strict error says
+  // which prefix was removed when one was.
+  BertModel mlm(tiny(BertHead::kMaskedLM));
+  train::TensorMap odd = train::read_safetensors(dir + "/mlm/model.safetensors");
+  odd.erase("cls.predictions.bias");
+  CHECK_THROWS_WITH(train::load_state_dict(mlm, odd, /*strict=*/true, "odd.safetensors"),
+                    Catch::Contains("missing key 'cls.predictions.bias'") &&
+                        Catch::Contains("(keys 'bert.*' were read without that prefix)"));
   train::files::remove_all(dir);
 }
 

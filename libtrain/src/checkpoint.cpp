@@ -382,6 +382,10 @@ auto with_strict_hint(Fn&& fn) {
 void load_model_weights(const std::string& path, torch::nn::Module& model, bool strict) {
   const auto tensors = read_weights(path);
   const LoadReport report = with_strict_hint([&] { return load_state_dict(model, tensors, strict, path); });
+  if (!report.stripped_prefix.empty()) {
+    log::info(path + ": keys '" + report.stripped_prefix + "*' read without that prefix (a Hugging Face head model's "
+              "base model)");
+  }
   if (!report.complete()) {
     log::warn(log::str(path, ": loaded ", report.loaded.size(), " of ",
                        report.loaded.size() + report.missing.size() + report.mismatched.size(),

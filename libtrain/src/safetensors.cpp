@@ -275,10 +275,33 @@ std::string LoadReport::summary() const {
   return s;
 }
 
-LoadReport match_state_dict(const torch::nn::Module& module, const TensorMap& tensors, bool strict,
+namespace {
+// The file's tensors under the module's names: see load_state_dict for the prefix rule.
+TensorMap aligned_names(const TensorMap& targets, const TensorMap& tensors, std::string& stripped) {
+  std::map<std::string, int> prefixes;  // prefix -> keys it would rename
+  for (const auto& [name, tensor] : tensors) {
+    const auto dot = name.find('.');
+    if (targets.count(name) || dot == std::string::npos) continue;
+    const std::string rest = name.substr(dot + 1);
+    if (targets.count(rest) && !tensors.count(rest)) ++prefixes[name.substr(0, dot + 1)];
+  }
+  stripped.clear();
+  if (prefixes.size() != 1) return tensors;  // none, or ambiguous: names are taken as they are
+  stripped = prefixes.begin()->first;
+  TensorMap out;
+  for (const auto& [name, tensor] : tensors) {
+    const bool renamed = name.rfind(stripped, 0) == 0 && !targets.count(name) && targets.count(name.substr(stripped.size()));
+    out.emplace(renamed ? name.substr(stripped.size()) : name, tensor);
+  }
+  return out;
+}
+}  // namespace
+
+LoadReport match_state_dict(const torch::nn::Module& module, const TensorMap& file_tensors, bool strict,
                             const std::string& source) {
   LoadReport report;
   const TensorMap targets = state_dict(module);
+  const TensorMap tensors = aligned_names(targets, file_tensors, report.stripped_prefix);
   for (const auto& [name, target] : targets) {
     const auto it = tensors.find(name);
     if (it == tensors.end()) {
@@ -311,6 +334,7 @@ LoadReport match_state_dict(const torch::nn::Module& module, const TensorMap& te
     if (report.mismatched.size() > kShown) {
       add("... " + std::to_string(report.mismatched.size() - kShown) + " more shape mismatches");
     }
+    if (!report.stripped_prefix.empty()) add("(keys '" + report.stripped_prefix + "*' were read without that prefix)");
     throw CheckpointError(source + ": weights do not match the model: " + why);
   }
   return report;
@@ -319,11 +343,13 @@ LoadReport match_state_dict(const torch::nn::Module& module, const TensorMap& te
 LoadReport load_state_dict(torch::nn::Module& module, const TensorMap& tensors, bool strict, const std::string& source) {
   LoadReport report = match_state_dict(module, tensors, strict, source);
   const TensorMap targets = state_dict(module);
+  std::string stripped;
+  const TensorMap aligned = aligned_names(targets, tensors, stripped);
   torch::NoGradGuard no_grad;
   for (const auto& name : report.loaded) {
     // state_dict() tensors are detached views sharing the module's storage.
     torch::Tensor target = targets.at(name);
-    target.copy_(tensors.at(name));
+    target.copy_(aligned.at(name));
   }
   return report;
 }

@@ -44,13 +44,19 @@ struct LoadReport {
   std::vector<std::string> missing;     // in the module, not in the tensors
   std::vector<std::string> unexpected;  // in the tensors, not in the module
   std::vector<std::string> mismatched;  // "<key>: file [a,b], model [c,d]" (shape differs)
+  // A base-model prefix the file's keys had and the module's do not, e.g. "bert." for a Hugging
+  // Face BertForMaskedLM or BertForSequenceClassification checkpoint; "" when none was removed.
+  std::string stripped_prefix;
   bool complete() const { return missing.empty() && unexpected.empty() && mismatched.empty(); }
   // One line per problem kind, e.g. "missing: fc.weight, fc.bias; unexpected: head.weight".
   std::string summary() const;
 };
 
 // Copies tensors into the module's parameters and buffers by name, converting the dtype and
-// device to the module's. strict: any missing or unexpected key or shape mismatch throws
+// device to the module's. Keys "<prefix>.<name>" whose <name> is the module's, and which the
+// file does not also hold without the prefix, are read as <name> when one such prefix accounts
+// for all of them: Hugging Face head models save their encoder under "bert." and their heads
+// ("cls.", "classifier.") at the top level, where train's BERT has both. strict: any missing or unexpected key or shape mismatch throws
 // CheckpointError naming `source` and the keys, and the module is left untouched. Not strict:
 // the matching entries are loaded and the rest is listed in the returned report.
 LoadReport load_state_dict(torch::nn::Module& module, const TensorMap& tensors, bool strict,
