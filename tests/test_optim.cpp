@@ -304,6 +304,70 @@ TEST_CASE("optim: a checkpoint's optimizer state takes its parameter's layout an
   files::remove_all(dir);
 }
 
+TEST_CASE("optim: a checkpoint restores the optimizer's state, the config its hyperparameters", "[optim]") {
+  // LibTorch's Optimizer::load also restores each group's options; a resume with another
+  // weight decay, momentum or betas must run with the config's, as the run directory records.
+  const std::string dir = files::make_temp_directory("train_optim_options_");
+  for (const std::string name : {"sgd", "adamw"}) {
+    INFO(name);
+    OptimConfig before_config;
+    before_config.name = name;
+    before_config.weight_decay = 0.1;
+    before_config.momentum = 0.9;
+    Net before;
+    const auto first = make_optimizer(before_config, before, 0.1);
+    run_steps(*first, before, 0, 3);
+    const std::string path = files::join(dir, name + ".pt");
+    save_checkpoint(path, before, first.get(), TrainState{});
+
+    OptimConfig now = before_config;
+    now.weight_decay = 0.5;
+    now.momentum = 0.5;
+    now.nesterov = true;
+    now.beta1 = 0.8;
+    now.beta2 = 0.99;
+    now.eps = 1e-6;
+    Net after;
+    const auto second = make_optimizer(now, after, 0.1);
+    load_checkpoint(path, after, second.get());
+    CHECK(second->state().size() == first->state().size());  // the moments did come back
+    const auto& groups = second->param_groups();
+    REQUIRE(groups.size() == 2);
+    if (name == "sgd") {
+      const auto& decay = static_cast<const torch::optim::SGDOptions&>(groups[0].options());
+      const auto& no_decay = static_cast<const torch::optim::SGDOptions&>(groups[1].options());
+      CHECK(decay.weight_decay() == 0.5);
+      CHECK(no_decay.weight_decay() == 0.0);
+      CHECK(decay.momentum() == 0.5);
+      CHECK(decay.nesterov());
+    } else {
+      const auto& decay = static_cast<const torch::optim::AdamWOptions&>(groups[0].options());
+      CHECK(decay.weight_decay() == 0.5);
+      CHECK(std::get<0>(decay.betas()) == 0.8);
+      CHECK(std::get<1>(decay.betas()) == 0.99);
+      CHECK(decay.eps() == 1e-6);
+      CHECK(static_cast<const torch::optim::AdamWOptions&>(groups[1].options()).weight_decay() == 0.0);
+    }
+    // And the steps after the load are those of an optimizer built with the new settings that
+    // was handed the same state.
+    Net reference;
+    {
+      torch::NoGradGuard no_grad;
+      const auto saved = before.named_parameters();
+      for (auto& item : reference.named_parameters()) item.value().copy_(saved[item.key()]);
+    }
+    const auto fresh = make_optimizer(now, reference, 0.1);
+    load(*fresh, save(*first));
+    for (size_t i = 0; i < fresh->param_groups().size(); ++i) {
+      fresh->param_groups()[i].set_options(second->param_groups()[i].options().clone());
+    }
+    run_steps(*second, after, 3, 5);
+    run_steps(*fresh, reference, 3, 5);
+    check_same_parameters(reference, after);
+  }
+  files::remove_all(dir);
+}
+
 TEST_CASE("optim: impl fused without a LibTorch kernel for the device is a ConfigError", "[optim]") {
   OptimConfig config;
   config.impl = "fused";

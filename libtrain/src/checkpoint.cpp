@@ -314,8 +314,15 @@ TrainState load_checkpoint(const std::string& path, torch::nn::Module& model, to
   if (optimizer) {
     torch::serialize::InputArchive opt;
     if (!archive.try_read("optimizer", opt)) throw CheckpointError(path + ": no 'optimizer' entry");
+    // LibTorch's load replaces each group's options (weight decay, momentum, betas, eps) with the
+    // saved ones; the optimizer as the caller built it, from today's config, keeps its own.
+    std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> configured;
+    for (const auto& group : optimizer->param_groups()) configured.push_back(group.options().clone());
     try {
       optimizer->load(opt);
+      for (size_t i = 0; i < configured.size() && i < optimizer->param_groups().size(); ++i) {
+        optimizer->param_groups()[i].set_options(std::move(configured[i]));
+      }
       place_state_like_params(*optimizer);  // the archive was read onto the CPU
     } catch (const std::invalid_argument& e) {
       throw CheckpointError(path + ": optimizer state does not match this model: " + e.what());

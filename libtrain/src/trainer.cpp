@@ -376,6 +376,15 @@ struct Trainer::Impl {
     compare("data.shuffle", saved.data.shuffle, config.data.shuffle);
     compare("optim.name", saved.optim.name, config.optim.name);
     compare("optim.lr", saved.optim.lr, config.optim.lr);
+    compare("optim.weight_decay", saved.optim.weight_decay, config.optim.weight_decay);
+    if (config.optim.name == "sgd") {
+      compare("optim.momentum", saved.optim.momentum, config.optim.momentum);
+      compare("optim.nesterov", saved.optim.nesterov, config.optim.nesterov);
+    } else {
+      compare("optim.beta1", saved.optim.beta1, config.optim.beta1);
+      compare("optim.beta2", saved.optim.beta2, config.optim.beta2);
+      compare("optim.eps", saved.optim.eps, config.optim.eps);
+    }
     compare("schedule.name", saved.schedule.name, config.schedule.name);
     if (changed.empty()) return;
     std::string list;

@@ -27,7 +27,9 @@ constexpr int64_t kCheckpointFormat = 1;
 void save_checkpoint(const std::string& path, const torch::nn::Module& model,
                      const torch::optim::Optimizer* optimizer, const TrainState& state);
 
-// Restores model (and optimizer when given) in place. Throws CheckpointError naming the file
+// Restores model (and optimizer when given) in place. The optimizer gets its state (momentum,
+// Adam moments, step counts) back but keeps the hyperparameters it was built with (weight decay,
+// momentum, betas, eps): the config of the resumed run decides them. Throws CheckpointError naming the file
 // for a missing/corrupt file, a format mismatch, or a parameter whose name or shape differs.
 TrainState load_checkpoint(const std::string& path, torch::nn::Module& model,
                            torch::optim::Optimizer* optimizer);
