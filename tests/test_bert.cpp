@@ -419,6 +419,12 @@ TEST_CASE("TSV dataset: labels, truncation, dynamic padding, errors name file an
   const auto batch = train_set.collate(std::move(two));
   CHECK(batch.input.sizes() == std::vector<int64_t>{2, 5});  // trimmed to the longest row
   CHECK(batch.target.equal(torch::tensor({1, 0}, torch::kLong)));
+  // A literal [PAD] inside a text is the pad id too; the trim must keep what follows it.
+  TsvDatasetOptions literal = o;
+  literal.path = write("literal.tsv", "the [PAD] [PAD] cat\tpets\nthe\tother\n");
+  const TsvDataset with_pad(literal);
+  std::vector<train::data::Example> both{with_pad.get(0, 0), with_pad.get(1, 0)};
+  CHECK(with_pad.collate(std::move(both)).input[0].equal(torch::tensor({2, 5, 0, 0, 6, 3}, torch::kLong)));
 
   TsvDatasetOptions val = o;
   val.classes = train_set.classes();

@@ -89,9 +89,11 @@ data::Example TsvDataset::get(int64_t index, uint64_t /*seed*/) const {
 
 data::Batch TsvDataset::collate(std::vector<data::Example>&& examples) const {
   data::Batch batch = Dataset::collate(std::move(examples));
-  // Dynamic padding: cut the columns that are padding in every row.
-  const auto lengths = batch.input.ne(options_.tokenizer->pad_id()).sum(1);
-  const int64_t longest = std::max<int64_t>(1, lengths.max().item<int64_t>());
+  // Dynamic padding: cut the columns after every row's last token that is not padding. (Not the
+  // count of such tokens: a text may hold a literal [PAD], which the tokenizer keeps as the pad id.)
+  const auto columns = torch::arange(1, batch.input.size(1) + 1, torch::kLong);
+  const auto ends = (batch.input.ne(options_.tokenizer->pad_id()).to(torch::kLong) * columns).amax(1);
+  const int64_t longest = std::max<int64_t>(1, ends.max().item<int64_t>());
   if (longest < batch.input.size(1)) batch.input = batch.input.slice(1, 0, longest).contiguous();
   return batch;
 }
