@@ -53,6 +53,10 @@ HAND = [
     "Don't won't can't I'm you're it's o'clock rock'n'roll",
     "Unknown glyphs: \U0001F9FF \u2603 \u16A0\u16A2 \U00010330 \u0F00 \u1200",
     "CJK compatibility 豈 更 and extension B 𠀀 𠀁 and kana ｱｲｳ",
+    # Code points unassigned in Unicode 14 (the tables' version) are kept, as [UNK]: newer emoji,
+    # CJK extension H, and never-assigned ones. U+2B820-2B91F are not split off as CJK.
+    "so cute \U0001FA77 love, shaking\U0001FAE8face, \U00031350\U00031351 ok",
+    "unassigned \u0378 and \U000E0080 here; extension E \U0002B820\U0002B8A0 and \U0002B920 ideographs",
     "Hangul syllables 가각갂 and jamo 각",
     "Vietnamese: Tiếng Việt có dấu, Nguyễn Thị Minh Khai",
     "Polish: Zażółć gęślą jaźń; Czech: Příliš žluťoučký kůň",

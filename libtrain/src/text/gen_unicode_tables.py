@@ -8,8 +8,9 @@ Run at development time only; the output is committed. The data comes from Pytho
 (recorded in the output). Three tables:
 
   kCategoryRanges  [first, last, class] runs of code points whose class is not "none":
-                   1 = other (general category C*: Cc, Cf, Cs, Co, Cn), 2 = Mn (non-spacing mark),
-                   3 = punctuation (P*)
+                   1 = other (Cc, Cf, Cs, Co: what clean_text drops; unassigned code points,
+                   Cn, are kept, as Hugging Face's tokenizers keeps them), 2 = Mn (non-spacing
+                   mark), 3 = punctuation (P*)
   kDecompositions  code point -> full canonical decomposition (NFD of the single code point),
                    excluding Hangul syllables, which are decomposed algorithmically
   kLowercase       code point -> full lower-case mapping (str.lower() of the single code point,
@@ -23,7 +24,7 @@ MAX = 0x110000
 
 def klass(cp):
     cat = unicodedata.category(chr(cp))
-    if cat[0] == "C":
+    if cat[0] == "C" and cat != "Cn":
         return 1
     if cat == "Mn":
         return 2

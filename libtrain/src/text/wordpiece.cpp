@@ -93,9 +93,12 @@ bool is_punctuation(char32_t c) {
 
 // CJK Unified Ideographs and their extensions, and the compatibility ideographs: the blocks
 // BERT's tokenizer splits into single characters (Hangul, kana and other scripts are not).
+// Extension E starts at U+2B820, but Hugging Face's tokenizers (what AutoTokenizer loads) starts
+// that range at U+2B920 and so does this, for the same ids; transformers' Python BertTokenizer
+// splits U+2B820-2B91F too.
 bool is_cjk(char32_t c) {
   return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) || (c >= 0x20000 && c <= 0x2A6DF) ||
-         (c >= 0x2A700 && c <= 0x2B73F) || (c >= 0x2B740 && c <= 0x2B81F) || (c >= 0x2B820 && c <= 0x2CEAF) ||
+         (c >= 0x2A700 && c <= 0x2B73F) || (c >= 0x2B740 && c <= 0x2B81F) || (c >= 0x2B920 && c <= 0x2CEAF) ||
          (c >= 0xF900 && c <= 0xFAFF) || (c >= 0x2F800 && c <= 0x2FA1F);
 }
 
