@@ -105,6 +105,11 @@ TEST_CASE("WordPiece: ## splitting, unknown words, long words, specials, encodin
   const Encoding pair = tok.encode_pair("hello world hello", "the", 6);
   CHECK(pair.ids == std::vector<int32_t>{2, 16, 17, 3, 5, 3});
   CHECK(pair.type_ids == std::vector<int32_t>{0, 0, 0, 0, 1, 1});
+  // Both too long for 3 tokens: tokenizers' longest-first gives the shorter budget / 2 = 1 and
+  // the longer the other 2, whichever comes first (checked against tokenizers 0.23).
+  CHECK(tok.encode_pair("hello world hello world", "[MASK] the", 6).ids == std::vector<int32_t>{2, 16, 17, 3, 4, 3});
+  CHECK(tok.encode_pair("the", "hello world hello world", 6).ids == std::vector<int32_t>{2, 5, 3, 16, 17, 3});
+  CHECK(tok.encode_pair("hello world hello", "the the the", 6).ids == std::vector<int32_t>{2, 16, 3, 5, 5, 3});
   CHECK_THROWS_AS(tok.encode("hello", 1), std::invalid_argument);
   CHECK(tok.decode(tok.encode("the unaffable world", 0, 8).ids) == "the unaffable world");
 }

@@ -396,10 +396,21 @@ Encoding WordPieceTokenizer::finish(std::vector<int32_t> a, const std::vector<in
                                   std::to_string(specials) + " special tokens");
     }
     const size_t budget = static_cast<size_t>(max_length - specials);
-    // Longest first: drop from the end of whichever sequence is longer.
-    while (a.size() + second.size() > budget) {
-      if (a.size() >= second.size()) a.pop_back();
-      else second.pop_back();
+    if (!b) {
+      if (a.size() > budget) a.resize(budget);
+    } else if (a.size() + second.size() > budget) {
+      // Longest first, with Hugging Face tokenizers' split: the shorter sequence keeps its length
+      // when the longer can make room; otherwise the shorter gets budget / 2 and the longer the
+      // rest, the odd token included.
+      size_t shorter = std::min(a.size(), second.size()), longer = std::max(a.size(), second.size());
+      longer = shorter > budget ? shorter : std::max(shorter, budget - shorter);
+      if (shorter + longer > budget) {
+        shorter = budget / 2;
+        longer = shorter + budget % 2;
+      }
+      const bool first_is_longer = a.size() > second.size();
+      a.resize(std::min(a.size(), first_is_longer ? longer : shorter));
+      second.resize(std::min(second.size(), first_is_longer ? shorter : longer));
     }
   }
   Encoding e;

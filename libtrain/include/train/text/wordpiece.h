@@ -111,7 +111,8 @@ class WordPieceTokenizer {
   // [CLS] text [SEP]. max_length > 0 truncates the word pieces so that the whole encoding
   // (specials included) fits; pad_to > 0 pads with [PAD] up to that length.
   Encoding encode(std::string_view text, int64_t max_length = 0, int64_t pad_to = 0) const;
-  // [CLS] a [SEP] b [SEP]; truncation removes from the longer of the two first.
+  // [CLS] a [SEP] b [SEP]; truncation is longest-first as in Hugging Face tokenizers: the shorter
+  // keeps its length when the longer can make room, else gets half the room (rounded down).
   Encoding encode_pair(std::string_view a, std::string_view b, int64_t max_length = 0,
                        int64_t pad_to = 0) const;
 
