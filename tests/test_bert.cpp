@@ -1,5 +1,6 @@
 #include "testing.h"
 
+#include <algorithm>
 #include <fstream>
 
 #include "train/amp.h"
@@ -342,6 +343,10 @@ TEST_CASE("MiniLM hidden states match transformers' BertModel within 1e-4", "[be
   // transformers keeps position_ids as a non-persistent buffer; older files still store it.
   CHECK(report.unexpected == std::vector<std::string>{"embeddings.position_ids"});
   CHECK(report.loaded.size() == 103);
+  // With the model's rules it is a fixed buffer, skipped, and strict loading takes the file as is.
+  const auto ruled = train::load_state_dict(model, weights, /*strict=*/true, model_path, model.weight_rules());
+  CHECK(ruled.redundant == std::vector<std::string>{"embeddings.position_ids"});
+  CHECK(ruled.loaded.size() == 103);
   model.eval();
   torch::NoGradGuard no_grad;
   const train::TensorMap ref = train::read_safetensors(dir + "/bert_oracle.safetensors");
@@ -392,6 +397,67 @@ TEST_CASE("Hugging Face head-model checkpoints (encoder under 'bert.') load stri
                     Catch::Contains("missing key 'cls.predictions.bias'") &&
                         Catch::Contains("(keys 'bert.*' were read without that prefix)"));
   train::files::remove_all(dir);
+}
+
+TEST_CASE("init_from a pretraining file: body strict, new head fresh, other heads and tied copies skipped",
+          "[bert][safetensors]") {
+  torch::manual_seed(0);
+  // A BertForPreTraining-style file: encoder and pooler under 'bert.', the MLM head with the
+  // decoder's tied copies, the next-sentence head, and the old position_ids buffer.
+  BertModel source(tiny(BertHead::kMaskedLM));
+  train::TensorMap file;
+  for (const auto& [name, t] : train::state_dict(source)) {
+    file.emplace(name.rfind("cls.", 0) == 0 ? name : "bert." + name, t.clone());
+  }
+  const int64_t h = source.options().hidden_size;
+  file["bert.pooler.dense.weight"] = torch::randn({h, h});
+  file["bert.pooler.dense.bias"] = torch::randn({h});
+  file["bert.embeddings.position_ids"] = torch::arange(32).unsqueeze(0);
+  file["cls.predictions.decoder.weight"] = file.at("bert.embeddings.word_embeddings.weight").clone();
+  file["cls.predictions.decoder.bias"] = file.at("cls.predictions.bias").clone();
+  file["cls.seq_relationship.weight"] = torch::randn({2, h});
+  file["cls.seq_relationship.bias"] = torch::randn({2});
+
+  // The same architecture: everything it has comes from the file.
+  BertModel mlm(tiny(BertHead::kMaskedLM));
+  const auto report = train::load_state_dict(mlm, file, /*strict=*/true, "pretraining.safetensors", mlm.weight_rules());
+  CHECK(report.complete());
+  CHECK(report.fresh.empty());
+  CHECK(report.redundant == std::vector<std::string>{"cls.predictions.decoder.bias", "cls.predictions.decoder.weight",
+                                                     "embeddings.position_ids"});
+  CHECK(report.unused == std::vector<std::string>{"cls.seq_relationship.bias", "cls.seq_relationship.weight",
+                                                  "pooler.dense.bias", "pooler.dense.weight"});
+  for (const auto& [name, t] : train::state_dict(mlm)) {
+    CAPTURE(name);
+    CHECK(torch::equal(t, train::state_dict(source).at(name)));
+  }
+  // Without the model's rules the extra tensors are unexpected; with them, a decoder that is not
+  // a copy of the embeddings (an untied model) or a position_ids that is not 0, 1, 2, ... is.
+  CHECK_THROWS_WITH(train::load_state_dict(mlm, file, true, "pretraining.safetensors"),
+                    Catch::Contains("unexpected key 'cls.predictions.decoder.bias'"));
+  train::TensorMap untied = file;
+  untied["cls.predictions.decoder.weight"] = untied["cls.predictions.decoder.weight"] + 1e-3;
+  untied["bert.embeddings.position_ids"] = torch::arange(1, 33).unsqueeze(0);
+  CHECK_THROWS_WITH(train::load_state_dict(mlm, untied, true, "untied.safetensors", mlm.weight_rules()),
+                    Catch::Contains("unexpected key 'cls.predictions.decoder.weight'") &&
+                        Catch::Contains("unexpected key 'embeddings.position_ids'"));
+
+  // A classifier: encoder and pooler from the file, the classifier fresh, the MLM head unused.
+  BertModel classifier(tiny(BertHead::kClassifier));
+  const auto fresh_classifier = classifier.named_parameters()["classifier.weight"].clone();
+  const auto cls = train::load_state_dict(classifier, file, true, "pretraining.safetensors", classifier.weight_rules());
+  CHECK(cls.fresh == std::vector<std::string>{"classifier.bias: not in the file", "classifier.weight: not in the file"});
+  CHECK(cls.loaded.size() == train::state_dict(classifier).size() - 2);
+  CHECK(torch::equal(classifier.named_parameters()["pooler.dense.weight"], file.at("bert.pooler.dense.weight")));
+  CHECK(torch::equal(classifier.named_parameters()["classifier.weight"], fresh_classifier));
+  CHECK(std::count(cls.unused.begin(), cls.unused.end(), "cls.predictions.transform.dense.weight") == 1);
+
+  // The rules never excuse the body: another encoder size is still a strict error.
+  BertOptions wider = tiny(BertHead::kClassifier);
+  wider.intermediate_size *= 2;
+  BertModel other(wider);
+  CHECK_THROWS_WITH(train::load_state_dict(other, file, true, "pretraining.safetensors", other.weight_rules()),
+                    Catch::Contains("shape mismatch for 'encoder.layer.0.intermediate.dense.weight'"));
 }
 
 TEST_CASE("TSV dataset: labels, truncation, dynamic padding, errors name file and line", "[bert][tsv]") {

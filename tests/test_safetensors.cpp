@@ -334,20 +334,21 @@ TEST_CASE("safetensors: torchvision's resnet50 weights, converted from .pth, loa
   // against the wheel's MKL drifts ~2.5e-5 of it); a wrong weight moves logits by O(1).
   CHECK(diff <= 1e-4 * std::max(1.0, scale));
 
-  // Fine-tuning on 10 classes: strict rejects fc naming it, before the run directory exists;
-  // init_strict: false loads the rest, skips fc and says so in train.log.
+  // Fine-tuning on 10 classes, strict (the default): the backbone loads key for key, the new fc
+  // keeps its initialisation and train.log says so. Another architecture is still rejected
+  // before the run directory exists.
   const std::string cfg = tmp / "finetune.yaml";
   std::ofstream(cfg) << "model: {name: resnet50, num_classes: 10, init_from: " << tmp / "resnet50.safetensors" << "}\n"
                      << "data: {kind: synthetic, channels: 3, image_size: 32, synthetic_train_samples: 8, "
                         "synthetic_val_samples: 4}\n"
                      << "trainer: {global_batch: 4, max_steps: 1, device: cpu}\n"
                      << "optim: {lr: 1.0e-6}\n";  // one step barely moves the weights
-  CHECK(cli({"fit", cfg, "--run-dir", tmp / "strict"}) == train::kExitInvalid);
-  CHECK_FALSE(files::exists(tmp / "strict"));
-  REQUIRE(cli({"fit", cfg, "--run-dir", tmp / "run", "--set", "model.init_strict=false"}) == train::kExitOk);
+  CHECK(cli({"fit", cfg, "--run-dir", tmp / "wrong", "--set", "model.name=resnet34"}) == train::kExitInvalid);
+  CHECK_FALSE(files::exists(tmp / "wrong"));
+  REQUIRE(cli({"fit", cfg, "--run-dir", tmp / "run"}) == train::kExitOk);
   const std::string log = read_text(tmp / "run/train.log");
-  CHECK_THAT(log, Contains("loaded 318 of 320 model tensors"));
-  CHECK_THAT(log, Contains("shape mismatch: fc.bias: file [1000], model [10], fc.weight: file [1000,2048], model [10,2048]"));
+  CHECK_THAT(log, Contains("loaded 318 of 320 model tensors; the task head keeps its initialisation (train it before "
+                           "use): fc.bias: file [1000], model [10], fc.weight: file [1000,2048], model [10,2048]"));
   // The backbone really came from the file: conv1 of the final checkpoint is still close to it,
   // unlike a fresh initialisation.
   auto tuned = resnet50(10);
@@ -380,18 +381,19 @@ TEST_CASE("init_from: malformed safetensors and mismatching checkpoints exit 2 n
   CHECK(cli({"fit", cfg, "--run-dir", tmp / "run"}) == train::kExitInvalid);
   CHECK_FALSE(files::exists(tmp / "run"));
 
-  // A file with one key renamed: strict names it; the hint names model.init_strict.
+  // A file with one key renamed: strict names it; the hint names model.init_strict. The model's
+  // rules excuse its head (fc) but not the body.
   train::ModelConfig mc = train::load_config(cfg).model;
   auto model = train::models::make_model(mc);
   auto sd = train::state_dict(*model);
-  sd["head.weight"] = sd.at("fc.weight");
-  sd.erase("fc.weight");
+  sd["stem.weight"] = sd.at("conv1.weight");
+  sd.erase("conv1.weight");
   train::write_safetensors(weights, sd);
-  CHECK_THROWS_WITH(train::load_model_weights(weights, *model),
-                    Contains("missing key 'fc.weight'") && Contains("unexpected key 'head.weight'") &&
+  CHECK_THROWS_WITH(train::load_model_weights(weights, *model, true, model->weight_rules()),
+                    Contains("missing key 'conv1.weight'") && Contains("unexpected key 'stem.weight'") &&
                         Contains("model.init_strict: false"));
   CHECK(cli({"fit", cfg, "--run-dir", tmp / "run"}) == train::kExitInvalid);
   CHECK_FALSE(files::exists(tmp / "run"));
   CHECK(cli({"fit", cfg, "--run-dir", tmp / "run", "--set", "model.init_strict=false"}) == train::kExitOk);
-  CHECK_THAT(read_text(tmp / "run/train.log"), Contains("missing: fc.weight; unexpected: head.weight"));
+  CHECK_THAT(read_text(tmp / "run/train.log"), Contains("missing: conv1.weight; unexpected: stem.weight"));
 }

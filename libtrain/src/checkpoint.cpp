@@ -386,23 +386,37 @@ auto with_strict_hint(Fn&& fn) {
 }
 }  // namespace
 
-void load_model_weights(const std::string& path, torch::nn::Module& model, bool strict) {
+void load_model_weights(const std::string& path, torch::nn::Module& model, bool strict, const WeightRules& rules) {
   const auto tensors = read_weights(path);
-  const LoadReport report = with_strict_hint([&] { return load_state_dict(model, tensors, strict, path); });
+  const LoadReport report = with_strict_hint([&] { return load_state_dict(model, tensors, strict, path, rules); });
+  auto joined = [](const std::vector<std::string>& keys) {
+    std::string s;
+    for (const auto& k : keys) s += (s.empty() ? "" : ", ") + k;
+    return s;
+  };
   if (!report.stripped_prefix.empty()) {
     log::info(path + ": keys '" + report.stripped_prefix + "*' read without that prefix (a Hugging Face head model's "
               "base model)");
   }
+  const size_t total = report.loaded.size() + report.missing.size() + report.mismatched.size() + report.fresh.size();
+  if (!report.fresh.empty()) {
+    log::warn(log::str(path, ": loaded ", report.loaded.size(), " of ", total, " model tensors; the task head ",
+                       "keeps its initialisation (train it before use): ", joined(report.fresh)));
+  }
+  if (!report.unused.empty()) log::info(path + ": not used, heads this model does not have: " + joined(report.unused));
+  if (!report.redundant.empty()) {
+    log::info(path + ": skipped, copies of tied weights or fixed buffers: " + joined(report.redundant));
+  }
   if (!report.complete()) {
-    log::warn(log::str(path, ": loaded ", report.loaded.size(), " of ",
-                       report.loaded.size() + report.missing.size() + report.mismatched.size(),
+    log::warn(log::str(path, ": loaded ", report.loaded.size(), " of ", total,
                        " model tensors (model.init_strict: false); ", report.summary()));
   }
 }
 
-void check_model_weights(const std::string& path, const torch::nn::Module& model, bool strict) {
+void check_model_weights(const std::string& path, const torch::nn::Module& model, bool strict,
+                         const WeightRules& rules) {
   const auto tensors = read_weights(path);
-  with_strict_hint([&] { return match_state_dict(model, tensors, strict, path); });
+  with_strict_hint([&] { return match_state_dict(model, tensors, strict, path, rules); });
 }
 
 std::string checkpoint_path(const std::string& dir, int64_t step) {

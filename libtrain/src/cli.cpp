@@ -307,7 +307,7 @@ int cmd_fit(const CommonArgs& args, std::string run_dir, const std::string& resu
     }
     if (!resume_path.empty()) load_checkpoint(resume_path, *run.model, nullptr);
     if (resume_path.empty() && !config.model.init_from.empty()) {
-      check_model_weights(config.model.init_from, *run.model, config.model.init_strict);
+      check_model_weights(config.model.init_from, *run.model, config.model.init_strict, run.model->weight_rules());
     }
     return train_in_run_dir(config, run, run_dir, resume_path, leader);
   });

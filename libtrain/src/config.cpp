@@ -202,8 +202,10 @@ std::vector<Key> build_schema() {
             "weights that initialise the run: a train checkpoint (.pt) or a .safetensors file with "
             "state-dict names (torchvision's for ResNet); empty = random initialisation"),
       model("init_strict", &M::init_strict,
-            "init_from must match the model key for key and shape for shape; false = load the matching "
-            "tensors and list the skipped and missing ones in a warning"),
+            "init_from must match the model key for key and shape for shape, except the task head (fc, "
+            "BERT's pooler, classifier or MLM head), which starts fresh where the file lacks it or has "
+            "other shapes, and tensors of heads the model lacks or tied copies, which are skipped; all "
+            "of these are logged. false = also load a partial match and list the rest in a warning"),
       model("preset", &M::preset,
             "BERT sizes: bert-base (L12 H768 A12), bert-small (L4 H512 A8), bert-mini (L4 H256 A4), "
             "bert-tiny (L2 H128 A2), minilm-l6 (L6 H384 A12); vocab 30522, 512 positions")

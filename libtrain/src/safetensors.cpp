@@ -290,61 +290,89 @@ TensorMap aligned_names(const TensorMap& targets, const TensorMap& tensors, std:
   stripped = prefixes.begin()->first;
   TensorMap out;
   for (const auto& [name, tensor] : tensors) {
-    const bool renamed = name.rfind(stripped, 0) == 0 && !targets.count(name) && targets.count(name.substr(stripped.size()));
+    // Every key under the prefix, also those the module lacks (a head model's pooler, old
+    // position_ids), so that the rules see the base model's names.
+    const bool renamed = name.rfind(stripped, 0) == 0 && !targets.count(name) && !tensors.count(name.substr(stripped.size()));
     out.emplace(renamed ? name.substr(stripped.size()) : name, tensor);
   }
   return out;
 }
 }  // namespace
 
-LoadReport match_state_dict(const torch::nn::Module& module, const TensorMap& file_tensors, bool strict,
-                            const std::string& source) {
-  LoadReport report;
-  const TensorMap targets = state_dict(module);
-  const TensorMap tensors = aligned_names(targets, file_tensors, report.stripped_prefix);
+namespace {
+bool has_prefix(const std::string& name, const std::vector<std::string>& prefixes) {
+  return std::any_of(prefixes.begin(), prefixes.end(),
+                     [&](const std::string& p) { return name.compare(0, p.size(), p) == 0; });
+}
+
+// Sorts every name of the module and of the file into the report; returns the file's tensors
+// under the module's names.
+TensorMap match(const TensorMap& targets, const TensorMap& file_tensors, const WeightRules& rules,
+                LoadReport& report) {
+  TensorMap tensors = aligned_names(targets, file_tensors, report.stripped_prefix);
   for (const auto& [name, target] : targets) {
     const auto it = tensors.find(name);
+    const bool head = has_prefix(name, rules.head);
     if (it == tensors.end()) {
-      report.missing.push_back(name);
+      (head ? report.fresh : report.missing).push_back(head ? name + ": not in the file" : name);
     } else if (it->second.sizes() != target.sizes()) {
-      report.mismatched.push_back(name + ": file " + shape_str(it->second.sizes()) + ", model " +
-                                  shape_str(target.sizes()));
+      const std::string shapes = ": file " + shape_str(it->second.sizes()) + ", model " + shape_str(target.sizes());
+      (head ? report.fresh : report.mismatched).push_back(name + shapes);
     } else {
       report.loaded.push_back(name);
     }
   }
   for (const auto& [name, tensor] : tensors) {
-    if (!targets.count(name)) report.unexpected.push_back(name);
-  }
-  if (strict && !report.complete()) {
-    constexpr size_t kShown = 8;
-    std::string why;
-    auto add = [&](const std::string& item) { why += (why.empty() ? "" : "; ") + item; };
-    auto list = [&](const char* label, const std::vector<std::string>& keys) {
-      for (size_t i = 0; i < std::min(keys.size(), kShown); ++i) add(std::string(label) + " '" + keys[i] + "'");
-      if (keys.size() > kShown) add("... " + std::to_string(keys.size() - kShown) + " more " + label + "s");
-    };
-    list("missing key", report.missing);
-    list("unexpected key", report.unexpected);
-    for (size_t i = 0; i < std::min(report.mismatched.size(), kShown); ++i) {
-      const auto& m = report.mismatched[i];
-      const auto colon = m.find(": ");
-      add("shape mismatch for '" + m.substr(0, colon) + "' (" + m.substr(colon + 2) + ")");
+    if (targets.count(name)) continue;
+    if (rules.redundant && rules.redundant(name, tensor, tensors)) {
+      report.redundant.push_back(name);
+    } else if (has_prefix(name, rules.other_heads)) {
+      report.unused.push_back(name);
+    } else {
+      report.unexpected.push_back(name);
     }
-    if (report.mismatched.size() > kShown) {
-      add("... " + std::to_string(report.mismatched.size() - kShown) + " more shape mismatches");
-    }
-    if (!report.stripped_prefix.empty()) add("(keys '" + report.stripped_prefix + "*' were read without that prefix)");
-    throw CheckpointError(source + ": weights do not match the model: " + why);
   }
+  return tensors;
+}
+
+void throw_if_incomplete(const LoadReport& report, const std::string& source) {
+  if (report.complete()) return;
+  constexpr size_t kShown = 8;
+  std::string why;
+  auto add = [&](const std::string& item) { why += (why.empty() ? "" : "; ") + item; };
+  auto list = [&](const char* label, const std::vector<std::string>& keys) {
+    for (size_t i = 0; i < std::min(keys.size(), kShown); ++i) add(std::string(label) + " '" + keys[i] + "'");
+    if (keys.size() > kShown) add("... " + std::to_string(keys.size() - kShown) + " more " + label + "s");
+  };
+  list("missing key", report.missing);
+  list("unexpected key", report.unexpected);
+  for (size_t i = 0; i < std::min(report.mismatched.size(), kShown); ++i) {
+    const auto& m = report.mismatched[i];
+    const auto colon = m.find(": ");
+    add("shape mismatch for '" + m.substr(0, colon) + "' (" + m.substr(colon + 2) + ")");
+  }
+  if (report.mismatched.size() > kShown) {
+    add("... " + std::to_string(report.mismatched.size() - kShown) + " more shape mismatches");
+  }
+  if (!report.stripped_prefix.empty()) add("(keys '" + report.stripped_prefix + "*' were read without that prefix)");
+  throw CheckpointError(source + ": weights do not match the model: " + why);
+}
+}  // namespace
+
+LoadReport match_state_dict(const torch::nn::Module& module, const TensorMap& file_tensors, bool strict,
+                            const std::string& source, const WeightRules& rules) {
+  LoadReport report;
+  match(state_dict(module), file_tensors, rules, report);
+  if (strict) throw_if_incomplete(report, source);
   return report;
 }
 
-LoadReport load_state_dict(torch::nn::Module& module, const TensorMap& tensors, bool strict, const std::string& source) {
-  LoadReport report = match_state_dict(module, tensors, strict, source);
+LoadReport load_state_dict(torch::nn::Module& module, const TensorMap& tensors, bool strict, const std::string& source,
+                           const WeightRules& rules) {
+  LoadReport report;
   const TensorMap targets = state_dict(module);
-  std::string stripped;
-  const TensorMap aligned = aligned_names(targets, tensors, stripped);
+  const TensorMap aligned = match(targets, tensors, rules, report);
+  if (strict) throw_if_incomplete(report, source);
   torch::NoGradGuard no_grad;
   for (const auto& name : report.loaded) {
     // state_dict() tensors are detached views sharing the module's storage.

@@ -687,7 +687,7 @@ FitResult Trainer::fit(const std::string& resume) {
       }
     }
   } else if (!s.config.model.init_from.empty()) {
-    load_model_weights(s.config.model.init_from, *s.model, s.config.model.init_strict);
+    load_model_weights(s.config.model.init_from, *s.model, s.config.model.init_strict, s.model->weight_rules());
     log::info("model weights initialised from " + s.config.model.init_from);
   }
   if (s.group) {

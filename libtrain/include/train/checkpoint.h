@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "train/safetensors.h"
+
 namespace train {
 
 struct TrainState {
@@ -38,10 +40,14 @@ TrainState load_checkpoint(const std::string& path, torch::nn::Module& model,
 // `.safetensors` file with state-dict names (torchvision's for ResNet). strict: a missing or
 // unexpected key or a shape mismatch throws CheckpointError naming the file and the keys; not
 // strict: the matching keys are loaded and a warning lists what was skipped or left missing.
-void load_model_weights(const std::string& path, torch::nn::Module& model, bool strict = true);
+// `rules` (the model's weight_rules(), for model.init_from) let a new task head start fresh and
+// skip other heads' and redundant tensors, each listed in the log; without them the match is exact.
+void load_model_weights(const std::string& path, torch::nn::Module& model, bool strict = true,
+                        const WeightRules& rules = {});
 // The same checks as load_model_weights (a readable file; with strict, a key-for-key match),
 // without loading anything or logging: for validating model.init_from before a run starts.
-void check_model_weights(const std::string& path, const torch::nn::Module& model, bool strict = true);
+void check_model_weights(const std::string& path, const torch::nn::Module& model, bool strict = true,
+                         const WeightRules& rules = {});
 
 // The model weights stored in a checkpoint, by state-dict name (train export).
 std::map<std::string, torch::Tensor> read_checkpoint_weights(const std::string& path);

@@ -15,6 +15,7 @@
 #include <torch/nn/module.h>
 #include <torch/types.h>
 
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -39,11 +40,35 @@ void write_safetensors(const std::string& path, const TensorMap& tensors, const 
 // module).
 TensorMap state_dict(const torch::nn::Module& module);
 
+// How a model's weights relate to files written for its relatives, for starting one model from
+// another's weights (model.init_from): a pretrained backbone under a new task head. Empty rules
+// ask for an exact match.
+struct WeightRules {
+  // Prefixes of the model's task head ("fc." of a ResNet, "pooler." and "classifier." of a BERT
+  // classifier). A head tensor that the file lacks, or holds with another shape (another class
+  // count), keeps its initialisation and is reported as fresh, not as missing or mismatched.
+  std::vector<std::string> head;
+  // Prefixes of heads that other variants of the architecture carry and this model does not
+  // ("cls." of a masked-LM BERT, read by a classifier): file tensors under them are reported as
+  // unused, not as unexpected.
+  std::vector<std::string> other_heads;
+  // True for a file tensor that the model has no place for and that repeats what the file says
+  // elsewhere: a tied copy (BERT's MLM decoder, equal to the word embeddings), or a buffer with a
+  // fixed value (position_ids = 0, 1, 2, ...). `file` holds the tensors under the model's names.
+  std::function<bool(const std::string& key, const torch::Tensor& value, const TensorMap& file)> redundant;
+};
+
 struct LoadReport {
   std::vector<std::string> loaded;      // copied into the module
   std::vector<std::string> missing;     // in the module, not in the tensors
   std::vector<std::string> unexpected;  // in the tensors, not in the module
   std::vector<std::string> mismatched;  // "<key>: file [a,b], model [c,d]" (shape differs)
+  // With WeightRules, none of which is a problem: head tensors that keep their initialisation
+  // ("<key>: not in the file" or "<key>: file [a,b], model [c,d]"), file tensors of other heads,
+  // and redundant file tensors (tied copies, fixed buffers), none of them loaded.
+  std::vector<std::string> fresh;
+  std::vector<std::string> unused;
+  std::vector<std::string> redundant;
   // A base-model prefix the file's keys had and the module's do not, e.g. "bert." for a Hugging
   // Face BertForMaskedLM or BertForSequenceClassification checkpoint; "" when none was removed.
   std::string stripped_prefix;
@@ -53,17 +78,19 @@ struct LoadReport {
 };
 
 // Copies tensors into the module's parameters and buffers by name, converting the dtype and
-// device to the module's. Keys "<prefix>.<name>" whose <name> is the module's, and which the
-// file does not also hold without the prefix, are read as <name> when one such prefix accounts
-// for all of them: Hugging Face head models save their encoder under "bert." and their heads
-// ("cls.", "classifier.") at the top level, where train's BERT has both. strict: any missing or unexpected key or shape mismatch throws
-// CheckpointError naming `source` and the keys, and the module is left untouched. Not strict:
-// the matching entries are loaded and the rest is listed in the returned report.
+// device to the module's. When the module's names appear in the file under one prefix (keys
+// "<prefix>.<name>" whose <name> is the module's, and which the file does not also hold without
+// it), every key under that prefix is read without it: Hugging Face head models save their encoder under "bert." and their heads
+// ("cls.", "classifier.") at the top level, where train's BERT has both. `rules` sort out the
+// differences expected between a pretrained model and a fine-tuned one (see WeightRules).
+// strict: any missing or unexpected key or shape mismatch throws CheckpointError naming `source`
+// and the keys, and the module is left untouched. Not strict: the matching entries are loaded and
+// the rest is listed in the returned report.
 LoadReport load_state_dict(torch::nn::Module& module, const TensorMap& tensors, bool strict,
-                           const std::string& source = "state dict");
+                           const std::string& source = "state dict", const WeightRules& rules = {});
 
 // What load_state_dict would load, and the same error when strict, without touching the module.
 LoadReport match_state_dict(const torch::nn::Module& module, const TensorMap& tensors, bool strict,
-                            const std::string& source = "state dict");
+                            const std::string& source = "state dict", const WeightRules& rules = {});
 
 }  // namespace train

@@ -8,6 +8,7 @@
 
 #include "bert_presets.h"
 #include "compat.h"
+#include "train/safetensors.h"
 
 namespace train::models {
 namespace {
@@ -274,6 +275,31 @@ std::string BertModel::input_problem(const std::vector<int64_t>& sample_shape, i
            " tokens; set model.vocab_size to at least " + std::to_string(vocab_size);
   }
   return "";
+}
+
+WeightRules BertModel::weight_rules() const {
+  WeightRules rules;
+  const bool mlm = options_.head == BertHead::kMaskedLM;
+  rules.head = mlm ? std::vector<std::string>{"cls."} : std::vector<std::string>{"pooler.", "classifier."};
+  // BertForPreTraining keeps its next-sentence head beside the MLM head, under "cls.".
+  rules.other_heads = mlm ? std::vector<std::string>{"pooler.", "classifier.", "cls.seq_relationship."}
+                          : std::vector<std::string>{"cls."};
+  rules.redundant = [](const std::string& key, const torch::Tensor& value, const TensorMap& file) {
+    auto equals = [&](const char* other) {
+      const auto it = file.find(other);
+      return it != file.end() && it->second.sizes() == value.sizes() && torch::equal(it->second, value);
+    };
+    // Files that keep the decoder's tied copies (older Hugging Face and converted ones).
+    if (key == "cls.predictions.decoder.weight") return equals("embeddings.word_embeddings.weight");
+    if (key == "cls.predictions.decoder.bias") return equals("cls.predictions.bias");
+    // transformers before 4.31 saved the position_ids buffer: 0, 1, ..., max_positions - 1.
+    if (key == "embeddings.position_ids") {
+      const auto flat = value.reshape({-1});
+      return !flat.is_floating_point() && torch::equal(flat.to(torch::kLong), torch::arange(flat.numel()));
+    }
+    return false;
+  };
+  return rules;
 }
 
 ModelPtr make_bert(BertHead head, const ModelConfig& config) {

@@ -15,6 +15,7 @@
 #include "train/models/bert.h"
 #include "train/models/resnet.h"
 #include "train/models/small.h"
+#include "train/safetensors.h"
 
 namespace train::models {
 namespace {
@@ -119,6 +120,8 @@ bool has_model(const std::string& name) {
 std::string Model::input_problem(const std::vector<int64_t>& /*sample_shape*/, int64_t /*vocab_size*/) const {
   return "";
 }
+
+WeightRules Model::weight_rules() const { return {}; }
 
 torch::Tensor Model::forward_selected(const torch::Tensor& input, const torch::Tensor& positions) {
   const torch::Tensor logits = forward(input);

@@ -7,6 +7,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "train/safetensors.h"
+
 namespace train::models {
 namespace {
 
@@ -206,6 +208,12 @@ std::string ResNet::input_problem(const std::vector<int64_t>& sample_shape, int6
   std::string shape;
   for (size_t i = 0; i < sample_shape.size(); ++i) shape += (i ? "x" : "") + std::to_string(sample_shape[i]);
   return "key 'model.name': ResNet takes images [channels, H, W], but the data gives samples of shape " + shape;
+}
+
+WeightRules ResNet::weight_rules() const {
+  WeightRules rules;
+  rules.head = {"fc."};
+  return rules;
 }
 
 ModelPtr make_resnet(int depth, const ModelConfig& config) {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "train/config.h"
+#include "train/safetensors.h"
 
 namespace train::models {
 namespace {
@@ -63,6 +64,11 @@ class Mlp final : public Model {
   std::string input_problem(const std::vector<int64_t>& shape, int64_t) const override {
     return image_problem(shape, "mlp");
   }
+  WeightRules weight_rules() const override {
+    WeightRules rules;
+    rules.head = {"fc3."};
+    return rules;
+  }
 
  private:
   int64_t channels_;
@@ -90,6 +96,11 @@ class LeNet final : public Model {
   bool is_convolutional() const override { return true; }
   std::string input_problem(const std::vector<int64_t>& shape, int64_t) const override {
     return image_problem(shape, "lenet");
+  }
+  WeightRules weight_rules() const override {
+    WeightRules rules;
+    rules.head = {"fc3."};
+    return rules;
   }
 
  private:

@@ -83,6 +83,10 @@ class BertModel : public Model {
   torch::Tensor random_input(const std::vector<int64_t>& shape, const torch::TensorOptions& options) const override;
   // Token ids [T] with T <= max_positions, from a vocabulary no larger than vocab_size.
   std::string input_problem(const std::vector<int64_t>& sample_shape, int64_t vocab_size) const override;
+  // Hugging Face's BERT files and train's: the head is "cls." (MLM) or "pooler." and
+  // "classifier." (classifier, BertModel), the other variants' heads are unused, and the MLM
+  // decoder's tied copies and the position_ids buffer are redundant.
+  WeightRules weight_rules() const override;
 
   // Last hidden states [B, T, H]. `token_type_ids` may be undefined (all 0); `attention_mask`
   // ([B, T], nonzero = attend) may be undefined (derived from input != pad_id).

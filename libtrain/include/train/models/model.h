@@ -10,6 +10,7 @@
 
 namespace train {
 struct ModelConfig;
+struct WeightRules;  // train/safetensors.h
 }
 
 namespace train::models {
@@ -36,6 +37,9 @@ class Model : public torch::nn::Module {
   // data). Returns "" when the model takes such input, else the problem as a ConfigError message
   // naming the key to change: "key 'data.image_size': ...". The default accepts anything.
   virtual std::string input_problem(const std::vector<int64_t>& sample_shape, int64_t vocab_size) const;
+  // How weights from a relative of this model map onto it (model.init_from): its task head, the
+  // heads of its other variants, and the tensors such files repeat. The default: an exact match.
+  virtual WeightRules weight_rules() const;
 };
 
 using ModelPtr = std::shared_ptr<Model>;

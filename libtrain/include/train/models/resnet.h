@@ -50,6 +50,8 @@ class ResNet : public Model {
   bool is_convolutional() const override { return true; }
   // Images [channels, H, W] of any size.
   std::string input_problem(const std::vector<int64_t>& sample_shape, int64_t vocab_size) const override;
+  // The head is fc: torchvision's ImageNet weights start a model with another class count.
+  WeightRules weight_rules() const override;
 
   const ResNetOptions& options() const { return options_; }
 
