@@ -4,9 +4,16 @@
 #include <train/doctor.h>
 #include <train/errors.h>
 #include <train/files.h>
+#include <train/log.h>
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
+
+#include <cstdio>
 #include <fstream>
+#include <functional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -29,6 +36,29 @@ struct TempDir {
     return *this / file;
   }
 };
+
+// What `fn` writes to stderr (the log's console sink).
+std::string stderr_of(const std::function<void()>& fn) {
+  std::fflush(stderr);
+  const int saved = ::dup(STDERR_FILENO);
+  std::FILE* capture = std::tmpfile();
+  ::dup2(::fileno(capture), STDERR_FILENO);
+  fn();
+  std::fflush(stderr);
+  ::dup2(saved, STDERR_FILENO);
+  ::close(saved);
+  std::rewind(capture);
+  std::string text;
+  for (int c; (c = std::fgetc(capture)) != EOF;) text += static_cast<char>(c);
+  std::fclose(capture);
+  return text;
+}
+
+int count_of(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
 
 const char* kSynthetic =
     "model: {name: resnet18, in_channels: 1, num_classes: 10, width: 0.125, small_input: true}\n"
@@ -73,11 +103,48 @@ TEST_CASE("cli: fit writes the run directory, and a second fit needs --resume", 
   CHECK(cli({"fit", cfg, "--run-dir", run_dir}) == train::kExitInvalid);
   CHECK(cli({"fit", cfg, "--run-dir", run_dir, "--resume", "auto", "--set", "trainer.max_steps=3"}) == train::kExitOk);
   CHECK(train::files::exists(train::files::join(run_dir, "checkpoints/step_00000003.pt")));
+  // Resuming the finished run evaluates again for its result, without a second row for step 3.
+  CHECK(cli({"fit", cfg, "--run-dir", run_dir, "--resume", "auto", "--set", "trainer.max_steps=3"}) == train::kExitOk);
+  std::stringstream metrics;
+  metrics << std::ifstream(train::files::join(run_dir, "metrics.jsonl")).rdbuf();
+  CHECK(count_of(metrics.str(), "{\"step\":3,") == 2);  // the train row and one val row
   // The resolved config written into the run directory is itself a valid config.
   CHECK(cli({"check", train::files::join(run_dir, "config.yaml")}) == train::kExitOk);
   CHECK(cli({"eval", cfg, "--checkpoint", train::files::join(run_dir, "checkpoints/step_00000003.pt")}) ==
         train::kExitOk);
   CHECK(cli({"plan", cfg, "--json"}) == train::kExitOk);
+}
+
+TEST_CASE("cli: a run directory in use by another run is refused before anything in it changes", "[cli]") {
+  TempDir tmp("lock");
+  const std::string cfg = tmp.write("run.yaml", kSynthetic);
+  const std::string run_dir = tmp / "run";
+  train::files::make_directories(run_dir);
+  // Another run's rank 0 holds the lock (flock locks conflict between open files, even in one
+  // process).
+  const int fd = ::open(train::files::join(run_dir, ".lock").c_str(), O_RDWR | O_CREAT, 0644);
+  REQUIRE(fd >= 0);
+  REQUIRE(::flock(fd, LOCK_EX | LOCK_NB) == 0);
+  REQUIRE(::write(fd, "4242\n", 5) == 5);
+  std::string err = stderr_of([&] { CHECK(cli({"fit", cfg, "--run-dir", run_dir}) == train::kExitInvalid); });
+  CHECK(err.find("run directory " + run_dir + " is in use by another run (pid 4242)") != std::string::npos);
+  CHECK(train::files::list_directory(run_dir) == std::vector<std::string>{".lock"});
+  ::close(fd);  // that run ended
+  CHECK(cli({"fit", cfg, "--run-dir", run_dir}) == train::kExitOk);
+}
+
+TEST_CASE("cli: logging.level applies from the start, to the probe and the plan too", "[cli]") {
+  TempDir tmp("level");
+  const std::string cfg = tmp.write("run.yaml", kSynthetic);
+  const std::vector<std::string> plan{"plan", cfg, "--set", "tuning.batch=scale", "--set", "tuning.max_micro_batch=8"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = plan;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return stderr_of([&] { CHECK(cli(args) == train::kExitOk); });
+  };
+  CHECK(count_of(with({}), " I] ") > 0);  // the probe or the plan cache says what it did
+  CHECK(count_of(with({"--set", "logging.level=error"}), " I] ") == 0);
+  train::log::set_level(train::log::Level::info);  // the level is the process's; later tests log at info
 }
 
 TEST_CASE("cli: doctor and plan --device", "[cli]") {

@@ -2,6 +2,8 @@
 // for a full GPU) and the non-finite loss policy (stop or roll back).
 #include "testing.h"
 
+#include <fstream>
+
 #include <train/checkpoint.h>
 #include <train/config.h>
 #include <train/data/dataset.h>
@@ -241,7 +243,7 @@ TEST_CASE("non-finite loss, on_nonfinite rollback: back to the newest checkpoint
           "[fault][nonfinite]") {
   const std::string dir = temp_dir("rollback");
   const Config config = config_for("poisoned_mlp", {"trainer.max_steps=6", "checkpoint.every_steps=2",
-                                                    "trainer.on_nonfinite=rollback"});
+                                                    "trainer.on_nonfinite=rollback", "logging.every_steps=1"});
   poison(4, 4);  // step 4; the newest checkpoint is step 2
   torch::manual_seed(0);
   RunParts run = prepare_run(config);
@@ -254,6 +256,15 @@ TEST_CASE("non-finite loss, on_nonfinite rollback: back to the newest checkpoint
     // Steps 3 and 4 after the rollback were called as forward passes 5 and 6 (4 was poisoned); the
     // skipped batch is the one at samples 96..127 of epoch 0 (step 4 = the 4th of 32 samples each).
     CHECK(g_forward_calls == 4 + 4);  // 4 before the rollback, then steps 3..6 again
+  }
+  // metrics.jsonl holds each step once, in order: step 3 as logged before the rollback went with it.
+  {
+    std::ifstream in(files::join(dir, "metrics.jsonl"));
+    std::vector<int64_t> steps;
+    for (std::string line; std::getline(in, line);) {
+      if (line.find("\"split\":\"train\"") != std::string::npos) steps.push_back(std::stoll(line.substr(8)));
+    }
+    CHECK(steps == std::vector<int64_t>{1, 2, 3, 4, 5, 6});
   }
   // The skip list is in the checkpoints, so a resumed run skips the same batch.
   TrainState st;

@@ -352,6 +352,8 @@ TEST_CASE("a second stop signal a second later, or a stop past trainer.stop_grac
     INFO(slurp(log));
     CHECK(rc == 128 + SIGTERM);  // 3 would claim a checkpoint
     CHECK_THAT(slurp(log), Catch::Contains("did not finish within trainer.stop_grace_s = 0.3 s; exiting with 143"));
+    // train.log has it too: each line is flushed as it is logged, so _Exit loses none.
+    CHECK_THAT(slurp(files::join(run_dir, "train.log")), Catch::Contains("did not finish within trainer.stop_grace_s"));
     CHECK(latest_checkpoint(ckpts).empty());
   }
   files::remove_all(dir);

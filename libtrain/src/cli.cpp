@@ -198,6 +198,7 @@ int cmd_check(const CommonArgs& args) {
 int cmd_plan(CommonArgs args, bool json, const std::string& device, int64_t world_size) {
   if (!device.empty()) args.sets.push_back("tuning.device=" + device);
   const Config config = load_config(args.config, args.sets);
+  log::set_level(config.logging.level);  // before anything logs (the probe, the plan cache)
   return with_config_location(config, [&] {
     RunOptions options;
     options.data_optional = true;  // plan for data that lives on another machine
@@ -213,7 +214,18 @@ int cmd_plan(CommonArgs args, bool json, const std::string& device, int64_t worl
 int train_in_run_dir(const Config& config, RunParts& run, const std::string& run_dir, const std::string& resume_path,
                      bool leader) {
   std::optional<detail::RunDirSnapshot> before;
-  if (leader) before.emplace(run_dir);
+  std::optional<detail::RunDirLock> lock;
+  if (leader) {
+    before.emplace(run_dir);
+    // Locked before anything is written; a run that cannot take the lock changes nothing.
+    files::make_directories(run_dir);
+    lock.emplace(run_dir);
+    // Another run may have checkpointed here between cmd_fit's check and the lock.
+    if (resume_path.empty() && !latest_checkpoint(files::join(run_dir, "checkpoints")).empty()) {
+      throw UsageError("run directory " + run_dir + " now holds checkpoints (another run wrote them); pass --resume "
+                       "auto to continue it, or --run-dir to start a new run");
+    }
+  }
   try {
     if (leader) {  // rank 0 owns the run directory
       files::make_directories(run_dir);
@@ -282,6 +294,7 @@ int train_in_run_dir(const Config& config, RunParts& run, const std::string& run
 int cmd_fit(const CommonArgs& args, std::string run_dir, const std::string& resume) {
   // Everything that can be rejected is checked before the run directory is touched.
   const Config config = load_config(args.config, args.sets);
+  log::set_level(config.logging.level);  // before anything logs (the probe, the plan cache)
   return with_config_location(config, [&] {
     if (run_dir.empty()) run_dir = default_run_dir(args.config);
     check_run_dir(run_dir);
@@ -298,7 +311,6 @@ int cmd_fit(const CommonArgs& args, std::string run_dir, const std::string& resu
     const bool leader = options.env.rank == 0;
     log::set_rank(static_cast<int>(options.env.rank));
     RunParts run = prepare_run(config, options);
-    log::set_level(config.logging.level);
     // Resolve and validate the checkpoint now, so that a corrupt or mismatching one is rejected
     // before anything is written (the trainer loads it again, with the optimizer).
     const std::string resume_path = resume == "auto" ? latest_checkpoint(ckpt_dir) : resume;
@@ -333,6 +345,7 @@ int cmd_launch(const CommonArgs& args, int nproc, int master_port, const std::st
 
 int cmd_eval(const CommonArgs& args, const std::string& checkpoint) {
   const Config config = load_config(args.config, args.sets);
+  log::set_level(config.logging.level);  // before anything logs (the probe, the plan cache)
   return with_config_location(config, [&] {
     RunParts run = prepare_run(config);
     load_model_weights(checkpoint, *run.model);

@@ -91,6 +91,9 @@ void write(Level level, const std::string& message) {
   } else {
     s.console->log(to_spd(level), "{}", message);
   }
+  // train.log is read after a kill or a crash: each line reaches the file as it is logged (a few
+  // lines per logging window, so the cost is nothing).
+  if (s.file) s.file->flush();
 }
 
 std::string fixed(double value, int digits) {

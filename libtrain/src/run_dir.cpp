@@ -1,13 +1,19 @@
 #include "run_dir.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <utility>
 #include <vector>
 
+#include "train/errors.h"
 #include "train/files.h"
 
 namespace train::detail {
@@ -98,6 +104,14 @@ std::string RunDirSnapshot::restore() const noexcept {
       return "removed " + created_root_ + ", which this run created";
     }
     int removed = 0, restored = 0;
+    // Checkpoints that a resume set aside (set_aside_checkpoints_after) go back first, before a
+    // new checkpoints/abandoned/ is removed with them in it.
+    for (const auto& [rel, before] : entries_) {
+      const std::string path = files::join(run_dir_, rel);
+      if (before.directory || rel.rfind("checkpoints/", 0) != 0 || files::exists(path)) continue;
+      const std::string aside = files::join(run_dir_, "checkpoints/abandoned/" + files::filename(rel));
+      if (files::exists(aside) && std::rename(aside.c_str(), path.c_str()) == 0) ++restored;
+    }
     std::vector<std::string> gone;  // removed directories: skip what was under them
     for (const auto& [rel, info] : walk(run_dir_)) {
       bool under_removed = false;
@@ -129,6 +143,33 @@ std::string RunDirSnapshot::restore() const noexcept {
   } catch (const std::exception& e) {
     return std::string("could not restore the run directory: ") + e.what();
   }
+}
+
+RunDirLock::RunDirLock(const std::string& run_dir) {
+  const std::string path = files::join(run_dir, ".lock");
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw Error("cannot open " + path + ": " + std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    std::string holder;
+    char buf[32] = {};
+    if (::pread(fd_, buf, sizeof(buf) - 1, 0) > 0) holder = std::string(buf).substr(0, std::string(buf).find('\n'));
+    ::close(fd_);
+    fd_ = -1;
+    if (err != EWOULDBLOCK) throw Error("cannot lock " + path + ": " + std::strerror(err));
+    throw UsageError("run directory " + run_dir + " is in use by another run" +
+                     (holder.empty() ? std::string() : " (pid " + holder + ")") +
+                     "; wait for it to end, or give this run another --run-dir");
+  }
+  // Who holds it, for the message above; the lock itself is the flock, not this text.
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) < 0) {
+    // The lock holds without it.
+  }
+}
+
+RunDirLock::~RunDirLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the flock
 }
 
 }  // namespace train::detail

@@ -35,4 +35,20 @@ class RunDirSnapshot {
   std::map<std::string, Entry> entries_;  // path relative to run_dir_ -> entry
 };
 
+// An exclusive lock on a run directory, held by a run's rank 0 from before it writes there until it
+// ends: a second run into the same directory (the default runs/<config name>, say) stops at once
+// instead of interleaving its metrics, config and checkpoints with the first one's. flock(2) on
+// <run_dir>/.lock, which the kernel releases when the process ends, however it ends.
+class RunDirLock {
+ public:
+  // run_dir must exist. Throws UsageError naming the process that holds the lock.
+  explicit RunDirLock(const std::string& run_dir);
+  ~RunDirLock();
+  RunDirLock(const RunDirLock&) = delete;
+  RunDirLock& operator=(const RunDirLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 }  // namespace train::detail

@@ -724,16 +724,30 @@ FitResult Trainer::fit(const std::string& resume) {
   const auto loop_start = Clock::now();
   const int64_t first_step = s.step;
 
-  auto evaluate_and_log = [&]() {
+  // record: false for an evaluation that an earlier attempt already recorded at this step.
+  auto evaluate_and_log = [&](bool record = true) {
     const EvalResult ev = evaluate();
     if (ev.samples == 0) return ev;
     log::info(log::str("eval step ", s.step, " | loss ", log::fixed(ev.loss, 4), " | top-1 ",
                        log::fixed(100.0 * ev.accuracy, 2), "% (", ev.samples, " samples)"));
+    if (!record) return ev;
     MetricRecord r;
     r.add("step", s.step).add("epoch", s.epoch_progress()).add("split", "val").add("loss", ev.loss)
         .add("accuracy", ev.accuracy).add("samples", ev.samples);
     s.metrics.write(r);
     return ev;
+  };
+
+  // After a rollback (trainer.on_nonfinite) the steps after the checkpoint are done again: what
+  // was logged of them goes, and the window starts over.
+  auto restart_window = [&] {
+    s.metrics.start_after(s.step);
+    window_loss = 0;
+    window_loss_weight = 0;
+    window_steps = 0;
+    window_samples = 0;
+    window_start = Clock::now();
+    window_wait_start = s.loader_wait();
   };
 
   bool evaluated_at_end = false;
@@ -855,7 +869,8 @@ FitResult Trainer::fit(const std::string& resume) {
       continue;
     }
     if (any_nonfinite) {
-      s.handle_nonfinite(step_loss, step_start);
+      s.handle_nonfinite(step_loss, step_start);  // returns only when it rolled back
+      restart_window();
       continue;
     }
     if (token_targets && global_targets > 0) {
@@ -870,6 +885,7 @@ FitResult Trainer::fit(const std::string& resume) {
       // The gradients are the same on every rank, so every rank sees the same norm.
       if (!s.plan.loss_scaling && !std::isfinite(norm)) {
         s.handle_nonfinite(step_loss, step_start);
+        restart_window();
         continue;
       }
     }
@@ -939,6 +955,9 @@ FitResult Trainer::fit(const std::string& resume) {
     // A single process also notices a stop request that came during this step; ranks stop after
     // the step in which they agreed to.
     if (!s.group) stopping = stopping || s.stop.load();
+    // Evaluation and checkpoint time is not training time: the window's samples/s, step time and
+    // data-wait share leave it out.
+    const auto pause_start = Clock::now();
     const int64_t eval_every = s.config.trainer.eval_every_steps;
     if ((eval_every > 0 && s.step % eval_every == 0) || (eval_every == 0 && epoch_end) || last) {
       if (stopping && !last) {
@@ -957,12 +976,16 @@ FitResult Trainer::fit(const std::string& resume) {
         log::info("checkpoint " + result.last_checkpoint);
       }
     }
+    window_start += Clock::now() - pause_start;
     if (stopping && !last) {
       log::warn(log::str("stop requested: stopped after step ", s.step, "; resume with --resume auto"));
       break;
     }
   }
-  if (!evaluated_at_end && s.step == s.plan.total_steps && first_step == s.step) result.val = evaluate_and_log();
+  // Resumed from the final checkpoint: the result's numbers, without a second row for that step.
+  if (!evaluated_at_end && s.step == s.plan.total_steps && first_step == s.step) {
+    result.val = evaluate_and_log(/*record=*/false);
+  }
   if (s.sync) {
     result.diverged_ranks = s.sync->count_diverged_ranks();
     result.allreduce_wait_seconds = s.sync->stats().wait_seconds;
