@@ -147,6 +147,43 @@ TEST_CASE("cli: logging.level applies from the start, to the probe and the plan 
   train::log::set_level(train::log::Level::info);  // the level is the process's; later tests log at info
 }
 
+TEST_CASE("cli: mistakes found before anything starts: tuning.device in fit, --nproc, check, init_from", "[cli]") {
+  TempDir tmp("early");
+  const std::string cfg = tmp.write("run.yaml", kSynthetic);
+  const std::string run_dir = tmp / "run";
+  // A device profile is for train plan; fit and eval run on this machine.
+  std::string err = stderr_of(
+      [&] { CHECK(cli({"fit", cfg, "--run-dir", run_dir, "--set", "tuning.device=h100"}) == train::kExitInvalid); });
+  CHECK(err.find("--set tuning.device=h100: key 'tuning.device': 'h100' plans for a device profile") != std::string::npos);
+  CHECK_FALSE(train::files::exists(run_dir));
+  // launch: a batch the ranks cannot split, and a rank count out of range, before any rank starts.
+  err = stderr_of([&] { CHECK(cli({"launch", "--nproc", "3", cfg, "--run-dir", run_dir}) == train::kExitInvalid); });
+  CHECK(err.find("run.yaml:3:") != std::string::npos);
+  CHECK(err.find("key 'trainer.global_batch': 16 is not divisible by --nproc 3") != std::string::npos);
+  CHECK(cli({"launch", "--nproc", "0", cfg}) == train::kExitInvalid);
+  CHECK(cli({"launch", "--nproc", "99999", cfg}) == train::kExitInvalid);
+  CHECK_FALSE(train::files::exists(run_dir));
+  // check builds the model: an unknown model name, a bad profile name, a missing init_from file.
+  err = stderr_of([&] { CHECK(cli({"check", cfg, "--set", "model.name=resnet19"}) == train::kExitInvalid); });
+  CHECK(err.find("did you mean 'resnet18'?") != std::string::npos);
+  err = stderr_of([&] { CHECK(cli({"check", cfg, "--set", "tuning.device=a100-80g"}) == train::kExitInvalid); });
+  CHECK(err.find("--set tuning.device=a100-80g: key 'tuning.device': unknown device") != std::string::npos);
+  const std::string with_init = tmp.write(
+      "with_init.yaml", "model: {name: resnet18, in_channels: 1, num_classes: 10, width: 0.125, small_input: true,\n"
+                        "        init_from: " + (tmp / "none.pt") + "}\n"
+                        "data: {kind: synthetic, channels: 1, image_size: 8}\n"
+                        "trainer: {global_batch: 16, max_steps: 2, device: cpu}\n");
+  for (const char* command : {"check", "fit"}) {
+    CAPTURE(command);
+    std::vector<std::string> args{command, with_init};
+    if (std::string(command) == "fit") args.insert(args.end(), {"--run-dir", run_dir});
+    err = stderr_of([&] { CHECK(cli(args) == train::kExitInvalid); });
+    CHECK(err.find("with_init.yaml:2:20: key 'model.init_from': " + (tmp / "none.pt")) != std::string::npos);
+  }
+  CHECK_FALSE(train::files::exists(run_dir));
+  CHECK(cli({"check", cfg}) == train::kExitOk);
+}
+
 TEST_CASE("cli: doctor and plan --device", "[cli]") {
   CHECK(cli({"doctor"}) == train::kExitOk);  // every smoke test passes on this machine
   CHECK(cli({"doctor", "--json"}) == train::kExitOk);

@@ -449,6 +449,13 @@ TEST_CASE("overrides (--set) are typed, checked and applied after the file", "[c
         Contains("--set optim.lrr=0.1: key 'optim.lrr': unknown key; did you mean 'optim.lr'?"));
     CHECK_THAT(config_error(kRequired, {"optimm.lr=0.1"}), Contains("did you mean 'optim.lr'?"));
     CHECK_THAT(config_error(kRequired, {"lr=0.1"}), Contains("did you mean 'optim.lr'?"));
+    // Case does not count in suggestions: FP16 is fp16, not bf16 one edit away.
+    CHECK_THAT(config_error(kRequired, {"precision.mode=FP16"}), Contains("did you mean 'fp16'?"));
+    CHECK_THAT(config_error(kRequired, {"optim.LR=0.1"}), Contains("did you mean 'optim.lr'?"));
+    CHECK_THAT(config_error(kRequired, {"logging.level=INFO"}), Contains("did you mean 'info'?"));
+    // A comment would drop part of the value; quoted, '#' is text.
+    CHECK_THAT(config_error(kRequired, {"data.root=/d #2"}),
+               Contains("--set data.root=/d #2: key 'data.root': '#2' would be read as a YAML comment and dropped"));
     CHECK_THAT(config_error(kRequired, {"optim.lr"}),
                Contains("--set optim.lr: expected key=value"));
     CHECK_THAT(config_error(kRequired, {"=0.1"}), Contains("--set =0.1: empty key"));
@@ -474,13 +481,16 @@ TEST_CASE("overrides (--set) take one whole value: trailing text, a bare comma a
   CHECK_THAT(config_error(kRequired, {"data.mean=[0.5,,0.5]"}),
              Contains("--set data.mean=[0.5,,0.5]: key 'data.mean[1]': expected a float, got no value"));
   CHECK_THAT(config_error(kRequired, {"data.mean=[,]"}), Contains("key 'data.mean[0]': expected a float"));
-  // Still fine: a comment, an empty value, a string with spaces, quoted text.
+  // A YAML comment is not: in a shell it can only come quoted, so it is far more likely part of a
+  // path ('data.root=/mnt/run #2') than a comment.
+  CHECK_THAT(config_error(kRequired, {"optim.lr=0.5 # half"}), Contains("'# half' would be read as a YAML comment"));
+  // Still fine: an empty value, a string with spaces, quoted text, '#' inside a word or quotes.
   const Config c = parse_config(kRequired, "test.yaml",
-                                {"optim.lr=0.5 # half", "model.init_from=", "data.root=/a b", "model.name='x y'"});
+                                {"optim.lr=0.5", "model.init_from=", "data.root=/a b#1", "model.name='x #y'"});
   CHECK(c.optim.lr == 0.5);
   CHECK(c.model.init_from.empty());
-  CHECK(c.data.root == "/a b");
-  CHECK(c.model.name == "x y");
+  CHECK(c.data.root == "/a b#1");
+  CHECK(c.model.name == "x #y");
 }
 
 TEST_CASE("size and count keys have upper bounds, so nothing downstream overflows", "[config]") {

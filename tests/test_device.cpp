@@ -168,6 +168,9 @@ TEST_CASE("device: an unknown named device is a ConfigError with a suggestion", 
   CHECK_THAT(message, Contains("known: cpu, v100-16gb, v100-32gb, t4,"));
   CHECK_THAT(message, Contains("h200"));
   CHECK_THAT(named_device_error("tpu-v5"), !Contains("did you mean"));
+  // The key, for the config's file and line; a family name lists its members, not a near miss.
+  CHECK_THAT(message, StartsWith("key 'tuning.device': "));
+  CHECK_THAT(named_device_error("a100"), Contains("did you mean 'a100-40gb' or 'a100-80gb'?"));
 }
 
 TEST_CASE("device: cpu is detected, by request or by name", "[device]") {

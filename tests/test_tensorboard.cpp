@@ -79,6 +79,16 @@ int run_script(const std::string& script, const std::string& args) {
 
 }  // namespace
 
+TEST_CASE("format_duration: the unit follows the rounded value", "[metrics]") {
+  CHECK(train::format_duration(5.04) == "5.0s");
+  CHECK(train::format_duration(59.94) == "59.9s");
+  CHECK(train::format_duration(59.96) == "1m00s");  // not "60.0s"
+  CHECK(train::format_duration(61) == "1m01s");
+  CHECK(train::format_duration(3599.7) == "1h00m");  // not "60m00s"
+  CHECK(train::format_duration(3660) == "1h01m");
+  CHECK(train::format_duration(-1) == "?");
+}
+
 TEST_CASE("tensorboard: CRC-32C known answers", "[tensorboard]") {
   const std::string digits = "123456789";
   CHECK(train::crc32c(digits.data(), digits.size()) == 0xe3069283u);  // the standard check value

@@ -23,6 +23,7 @@
 #include "suggest.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
+#include "train/device.h"
 #include "train/dist.h"
 #include "train/doctor.h"
 #include "train/launch.h"
@@ -30,12 +31,16 @@
 #include "train/files.h"
 #include "train/log.h"
 #include "train/metrics.h"
+#include "train/models/model.h"
 #include "train/run.h"
 #include "train/safetensors.h"
 #include "train/trainer.h"
 
 namespace train {
 namespace {
+
+// train launch --nproc: ranks on one host (one per GPU, or CPU processes for Gloo).
+constexpr int64_t kMaxLocalRanks = 256;
 
 // Stop signals: SIGTERM, SIGINT (Ctrl-C) and SIGUSR1 (Slurm's `--signal=USR1@N` warning before
 // the time limit). The first asks the trainer to stop after the current step and checkpoint
@@ -188,11 +193,36 @@ bool is_bad_input(const Error& e) {
          dynamic_cast<const CheckpointError*>(&e) || dynamic_cast<const UsageError*>(&e);
 }
 
+// model.init_from is readable and fits the model; an error names where the file was given.
+void check_init_from(const Config& config, const models::Model& model) {
+  try {
+    check_model_weights(config.model.init_from, model, config.model.init_strict, model.weight_rules());
+  } catch (const CheckpointError& e) {
+    throw CheckpointError(locate_config_error(config, std::string("key 'model.init_from': ") + e.what()));
+  }
+}
+
+// tuning.device names hardware to plan for (train plan); a command that runs on this machine's
+// hardware would otherwise run with another device's plan, or fail deep inside LibTorch.
+void reject_named_device(const Config& config, const char* command) {
+  if (config.tuning.device.empty()) return;
+  throw ConfigError(log::str("key 'tuning.device': '", config.tuning.device, "' plans for a device profile, for train ",
+                             "plan; train ", command, " runs on this machine's hardware (trainer.device), so remove ",
+                             "tuning.device here, or see the plan with train plan --device ", config.tuning.device));
+}
+
+// Everything that can be checked without the data (which may live on another machine): the keys,
+// the model (name and sizes: it is built), a named device profile, and model.init_from.
 int cmd_check(const CommonArgs& args) {
   const Config config = load_config(args.config, args.sets);
-  std::cout << args.config << ": OK (model " << config.model.name << ", global batch "
-            << config.trainer.global_batch << ")\n";
-  return kExitOk;
+  return with_config_location(config, [&] {
+    const models::ModelPtr model = models::make_model(config.model);
+    if (!config.tuning.device.empty()) named_device(config.tuning.device);
+    if (!config.model.init_from.empty()) check_init_from(config, *model);
+    std::cout << args.config << ": OK (model " << config.model.name << ", " << models::count_parameters(*model)
+              << " parameters, global batch " << config.trainer.global_batch << "; the data was not read)\n";
+    return kExitOk;
+  });
 }
 
 int cmd_plan(CommonArgs args, bool json, const std::string& device, int64_t world_size) {
@@ -296,6 +326,7 @@ int cmd_fit(const CommonArgs& args, std::string run_dir, const std::string& resu
   const Config config = load_config(args.config, args.sets);
   log::set_level(config.logging.level);  // before anything logs (the probe, the plan cache)
   return with_config_location(config, [&] {
+    reject_named_device(config, "fit");
     if (run_dir.empty()) run_dir = default_run_dir(args.config);
     check_run_dir(run_dir);
     const std::string ckpt_dir = files::join(run_dir, "checkpoints");
@@ -319,7 +350,7 @@ int cmd_fit(const CommonArgs& args, std::string run_dir, const std::string& resu
     }
     if (!resume_path.empty()) load_checkpoint(resume_path, *run.model, nullptr);
     if (resume_path.empty() && !config.model.init_from.empty()) {
-      check_model_weights(config.model.init_from, *run.model, config.model.init_strict, run.model->weight_rules());
+      check_init_from(config, *run.model);
     }
     return train_in_run_dir(config, run, run_dir, resume_path, leader);
   });
@@ -328,7 +359,16 @@ int cmd_fit(const CommonArgs& args, std::string run_dir, const std::string& resu
 // Validates the config here, so that a bad one fails once, before any rank starts.
 int cmd_launch(const CommonArgs& args, int nproc, int master_port, const std::string& run_dir,
                const std::string& resume, const std::string& self) {
-  load_config(args.config, args.sets);
+  const Config config = load_config(args.config, args.sets);
+  with_config_location(config, [&] {
+    reject_named_device(config, "launch");
+    // Every rank would find this on its own, after all of them started.
+    if (config.tuning.batch == "fixed" && config.trainer.global_batch % nproc != 0) {
+      throw ConfigError(log::str("key 'trainer.global_batch': ", config.trainer.global_batch,
+                                 " is not divisible by --nproc ", nproc, "; choose a multiple of ", nproc));
+    }
+    return 0;
+  });
   check_run_dir(run_dir.empty() ? default_run_dir(args.config) : run_dir);
   std::vector<std::string> argv{self, "fit", args.config};
   for (const auto& s : args.sets) {
@@ -347,6 +387,7 @@ int cmd_eval(const CommonArgs& args, const std::string& checkpoint) {
   const Config config = load_config(args.config, args.sets);
   log::set_level(config.logging.level);  // before anything logs (the probe, the plan cache)
   return with_config_location(config, [&] {
+    reject_named_device(config, "eval");
     RunParts run = prepare_run(config);
     load_model_weights(checkpoint, *run.model);
     apply_plan_globals(run.plan);
@@ -400,7 +441,9 @@ int run_cli(int argc, char** argv) {
   std::string launch_run_dir, launch_resume;
   auto* launch = app.add_subcommand("launch", "Train with N data-parallel ranks on this host (like torchrun)");
   add_common(launch, launch_args);
-  launch->add_option("--nproc", nproc, "Number of ranks to start on this host")->required()->check(CLI::PositiveNumber);
+  launch->add_option("--nproc", nproc, "Number of ranks to start on this host, 1-" + std::to_string(kMaxLocalRanks))
+      ->required()
+      ->check(CLI::Range(1, static_cast<int>(kMaxLocalRanks)));
   launch->add_option("--master-port", master_port, "Rendezvous port, 1-65535 (default or 0: a free one)")
       ->check(CLI::Range(0, 65535));
   launch->add_option("--run-dir", launch_run_dir, "Run directory (default: runs/<config name>)");
@@ -419,7 +462,7 @@ int run_cli(int argc, char** argv) {
   std::string plan_device;
   int64_t plan_world_size = 0;
   plan->add_option("--world-size", plan_world_size, "Plan for this many data-parallel ranks (default: this process's)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   plan->add_option("--device", plan_device,
                    "Plan for a named device profile instead of this machine's (e.g. t4, a100-80gb, h100, cpu)");
 

@@ -972,6 +972,21 @@ void ConfigBuilder::apply_override(const std::string& assignment) {
   // error, not dropped, and so is a stray ',' (which also stalls yaml-cpp 0.7, see above).
   const std::string text = assignment.substr(equals + 1);
   if (const auto stalled = find_stalled_yaml(text)) fail(origin.source, path, "invalid YAML value: " + stalled->second);
+  // A '#' at the start or after a blank, outside quotes, begins a YAML comment: the rest of the
+  // value would be dropped without a word ("data.root=/d #2" would read /d).
+  char quote = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (quote) {
+      if (c == quote) quote = 0;
+    } else if (c == '\'' || c == '"') {
+      quote = c;
+    } else if (c == '#' && (i == 0 || text[i - 1] == ' ' || text[i - 1] == '\t')) {
+      fail(origin.source, path,
+           "'" + trim(text.substr(i)) + "' would be read as a YAML comment and dropped; quote the whole value if "
+           "it is one string (--set 'key=\"a #b\"')");
+    }
+  }
   std::vector<YAML::Node> documents;
   try {
     documents = YAML::LoadAll(text);

@@ -521,9 +521,19 @@ DeviceProfile named_device(const std::string& key) {
     return p;
   }
   const std::vector<std::string> keys = known_device_keys();
-  const std::string suggestion = detail::closest_match(wanted, keys);
-  throw ConfigError("unknown device '" + key + "'; " +
-                    (suggestion.empty() ? "" : "did you mean '" + suggestion + "'? ") + "known: " + join(keys));
+  // "a100" names a family: the profiles it starts, rather than "a10", one edit away.
+  std::vector<std::string> family;
+  for (const std::string& k : keys) {
+    if (k.size() > wanted.size() && k.compare(0, wanted.size(), wanted) == 0 && k[wanted.size()] == '-') family.push_back(k);
+  }
+  std::string hint;
+  if (!family.empty()) {
+    for (size_t i = 0; i < family.size(); ++i) hint += (i ? (i + 1 == family.size() ? "' or '" : "', '") : "") + family[i];
+  } else {
+    hint = detail::closest_match(wanted, keys);
+  }
+  throw ConfigError("key 'tuning.device': unknown device '" + key + "'; " +
+                    (hint.empty() ? "" : "did you mean '" + hint + "'? ") + "known: " + join(keys));
 }
 
 void reset_peak_memory(const std::string& device) {

@@ -303,9 +303,10 @@ void MetricsSink::write(const MetricRecord& record) {
 std::string format_duration(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "?";
   char buf[32];
-  if (seconds < 60) {
+  // The unit is chosen after rounding: 59.96 s is "1m00s", not "60.0s".
+  if (seconds < 59.95) {
     std::snprintf(buf, sizeof(buf), "%.1fs", seconds);
-  } else if (seconds < 3600) {
+  } else if (seconds < 3599.5) {
     const int s = static_cast<int>(seconds + 0.5);
     std::snprintf(buf, sizeof(buf), "%dm%02ds", s / 60, s % 60);
   } else {

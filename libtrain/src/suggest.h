@@ -23,11 +23,23 @@ inline size_t edit_distance(const std::string& a, const std::string& b) {
   return previous[b.size()];
 }
 
-// The index of the candidate closest to `word` if it is a plausible typo: at most 2 edits, or a
-// third of a long word, and never one that replaces every character of `word`. Failing that, a
-// candidate of 4 or more characters that starts `word`, or that `word` (4 or more) starts:
-// "optimizer" -> "optim", "sched" -> "schedule".
-inline std::optional<size_t> closest_index(const std::string& word, const std::vector<std::string>& candidates) {
+inline std::string ascii_lower(std::string s) {
+  for (char& c : s) c = (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
+  return s;
+}
+
+// The index of the candidate closest to `word` if it is a plausible typo. Case does not count:
+// "FP16" -> "fp16", "LR" -> "lr". Otherwise at most 2 edits, or a third of a long word, and never
+// one that replaces every character of `word`. Failing that, a candidate of 4 or more characters
+// that starts `word`, or that `word` (4 or more) starts: "optimizer" -> "optim", "sched" ->
+// "schedule".
+inline std::optional<size_t> closest_index(const std::string& typed, const std::vector<std::string>& typed_candidates) {
+  const std::string word = ascii_lower(typed);
+  std::vector<std::string> candidates;
+  for (const std::string& c : typed_candidates) candidates.push_back(ascii_lower(c));
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    if (candidates[i] == word) return i;
+  }
   const size_t limit = std::max<size_t>(2, word.size() / 3);
   std::optional<size_t> best;
   size_t best_distance = 0;

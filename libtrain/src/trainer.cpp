@@ -911,8 +911,12 @@ FitResult Trainer::fit(const std::string& resume) {
     // Epoch boundary: the loader has delivered every whole step of this epoch.
     const bool epoch_end = s.maybe_next_epoch();
     const bool last = s.step == s.plan.total_steps;
+    // A single process also notices a stop request that came during this step; ranks stop after
+    // the step in which they agreed to.
+    if (!s.group) stopping = stopping || s.stop.load();
 
-    if (s.step % log_every == 0 || last) {
+    // A stop logs the steps since the last window too: the resumed run starts after them.
+    if (s.step % log_every == 0 || last || stopping) {
       const double elapsed = seconds_since(window_start);
       const double waited = s.loader_wait() - window_wait_start;
       if (s.group) {  // the loss of the global batch: over every rank's steps (or targets)
@@ -952,9 +956,6 @@ FitResult Trainer::fit(const std::string& resume) {
       step_time.reset();
     }
 
-    // A single process also notices a stop request that came during this step; ranks stop after
-    // the step in which they agreed to.
-    if (!s.group) stopping = stopping || s.stop.load();
     // Evaluation and checkpoint time is not training time: the window's samples/s, step time and
     // data-wait share leave it out.
     const auto pause_start = Clock::now();
