@@ -560,6 +560,16 @@ TEST_CASE("BERT sizes the model cannot build are config errors naming the key an
                           "trainer: {global_batch: 8, max_steps: 1}\n"),
              Contains("test.yaml:5:12: key 'data.seq_len': data.seq_len is 32 tokens per sample, more than the "
                       "model's 16 position embeddings"));
+  // The same conflict made by a --set: the --set is named, not the file's line it conflicts with.
+  CHECK_THAT(config_error("model: {name: bert-mlm, preset: bert-tiny}\n"
+                          "data:\n  kind: tokens\n  root: /d\n  seq_len: 32\n"
+                          "trainer: {global_batch: 8, max_steps: 1}\n",
+                          {"model.max_positions=16"}),
+             Contains("--set model.max_positions=16: key 'model.max_positions': data.seq_len is 32 tokens"));
+  CHECK_THAT(config_error("data: {root: /d, mean: [0.5], std: [0.5]}\n" + std::string("model: {name: m}\n") +
+                              "trainer: {global_batch: 8, max_steps: 1}\n",
+                          {"data.mean=[0.5, 0.5]"}),
+             Contains("--set data.mean=[0.5, 0.5]: key 'data.mean': data.mean has 2 entries"));
   // Sizes that fit; other models ignore the BERT keys.
   CHECK_NOTHROW(parse_config("model: {name: bert-mlm, preset: bert-tiny, heads: 4, max_positions: 32}\n"
                              "data: {kind: tokens, root: /d, seq_len: 32}\ntrainer: {global_batch: 8, max_steps: 1}\n",

@@ -840,6 +840,15 @@ class ConfigBuilder {
     const auto it = set_at_.find(path);
     return it == set_at_.end() ? source_ : it->second;
   }
+  bool from_override(const std::string& path) const {
+    const auto it = set_at_.find(path);
+    return it != set_at_.end() && it->second.compare(0, 6, "--set ") == 0;
+  }
+  // Of two keys a rule relates, the one to name: the one a --set gave when the other came from the
+  // file (that change broke the rule), else `usual`.
+  std::string blame(const std::string& usual, const std::string& other) const {
+    return from_override(other) && !from_override(usual) ? other : usual;
+  }
 
   std::string source_;
   Config config_;
@@ -1024,7 +1033,7 @@ Config ConfigBuilder::validated() const {
 
   const DataConfig& data = config_.data;
   if (data.mean.size() != data.std.size()) {
-    const std::string path = set_at_.count("data.std") ? "data.std" : "data.mean";
+    const std::string path = set_at_.count("data.std") ? blame("data.std", "data.mean") : "data.mean";
     fail(where_set(path), path,
          "data.mean has " + std::to_string(data.mean.size()) + " entries and data.std has " +
              std::to_string(data.std.size()) + "; they must have the same length");
@@ -1038,21 +1047,22 @@ Config ConfigBuilder::validated() const {
     fail(where_set("data.uint8"), "data.uint8",
          "only image_folder delivers uint8 batches; data.kind is '" + data.kind + "'");
   if (data.mask_token_prob + data.random_token_prob > 1.0 + 1e-9) {
-    const std::string path =
-        set_at_.count("data.random_token_prob") ? "data.random_token_prob" : "data.mask_token_prob";
+    const std::string path = set_at_.count("data.random_token_prob")
+                                 ? blame("data.random_token_prob", "data.mask_token_prob")
+                                 : "data.mask_token_prob";
     fail(where_set(path), path,
          "data.mask_token_prob + data.random_token_prob is " +
              format_number(data.mask_token_prob + data.random_token_prob) + "; it must be <= 1");
   }
   if (data.kind == "image_folder" && data.resize_size > 0 && data.image_size > 0 &&
       data.resize_size < data.image_size)
-    fail(where_set("data.resize_size"), "data.resize_size",
-         "is " + std::to_string(data.resize_size) + ", smaller than data.image_size (" +
+    fail(where_set(blame("data.resize_size", "data.image_size")), blame("data.resize_size", "data.image_size"),
+         "data.resize_size (" + std::to_string(data.resize_size) + ") is smaller than data.image_size (" +
              std::to_string(data.image_size) + "), so the center crop would not fit");
 
   const OptimConfig& optim = config_.optim;
   if (optim.name == "sgd" && optim.nesterov && optim.momentum == 0)
-    fail(where_set("optim.nesterov"), "optim.nesterov",
+    fail(where_set(blame("optim.nesterov", "optim.momentum")), blame("optim.nesterov", "optim.momentum"),
          "Nesterov momentum needs optim.momentum > 0 (as in torch.optim.SGD); optim.momentum is 0");
 
   const std::vector<double>& milestones = config_.schedule.milestones;
@@ -1109,7 +1119,8 @@ void ConfigBuilder::check_bert_sizes() const {
   const int64_t positions = model.max_positions > 0 ? model.max_positions : models::detail::kBertPresetPositions;
   if ((data.kind == "tokens" || data.kind == "tsv") && data.seq_len > positions) {
     const bool only_positions_given = set_at_.count("model.max_positions") && !set_at_.count("data.seq_len");
-    const std::string path = only_positions_given ? "model.max_positions" : "data.seq_len";
+    const std::string path =
+        only_positions_given ? "model.max_positions" : blame("data.seq_len", "model.max_positions");
     fail(where_set(path), path,
          "data.seq_len is " + std::to_string(data.seq_len) + " tokens per sample, more than the model's " +
              std::to_string(positions) + " position embeddings (model.max_positions" +
