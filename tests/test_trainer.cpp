@@ -362,6 +362,38 @@ TEST_CASE("fit: stopping and resuming gives the same weights as an uninterrupted
   files::remove_all(dir_b);
 }
 
+TEST_CASE("fit: an evaluation put off by a graceful stop is done first when the run resumes", "[trainer][resume]") {
+  register_tiny_mlp();
+  const std::string dir = temp_dir("eval_pending");
+  Config c = synthetic_config();
+  c.trainer.max_steps = 3;
+  c.trainer.eval_every_steps = 1;
+  c.logging.every_steps = 1;
+  c.logging.tensorboard = false;
+  {
+    RunParts run = prepare_run(c);
+    Trainer t(c, run.plan, run.model, run.train, run.val, dir);
+    t.request_stop();  // as a SIGTERM during step 1: it stops after it, with a checkpoint, no evaluation
+    CHECK(t.fit().steps == 1);
+  }
+  auto val_steps = [&] {
+    std::ifstream in(files::join(dir, "metrics.jsonl"));
+    std::vector<int64_t> steps;
+    for (std::string line; std::getline(in, line);) {
+      if (line.find("\"split\":\"val\"") != std::string::npos) steps.push_back(std::stoll(line.substr(8)));
+    }
+    return steps;
+  };
+  CHECK(val_steps().empty());
+  {
+    RunParts run = prepare_run(c);
+    Trainer t(c, run.plan, run.model, run.train, run.val, dir);
+    CHECK(t.fit("auto").steps == 3);
+  }
+  CHECK(val_steps() == std::vector<int64_t>{1, 2, 3});
+  files::remove_all(dir);
+}
+
 TEST_CASE("cuda: the plan picks bf16 + channels_last on a tensor-core GPU and training converges", "[cuda]") {
   if (!torch::cuda::is_available()) {
     WARN("no CUDA device visible: the CUDA path is checked by scripts/gpu-check on a GPU machine");

@@ -213,6 +213,8 @@ struct Trainer::Impl {
   } starving;
   MetricsSink metrics;
   std::atomic<bool> stop{false};
+  // A graceful stop skipped the evaluation due at `step`: the resumed run does it first.
+  bool eval_pending = false;
   int64_t step = 0;
   int64_t samples_seen = 0;
 
@@ -327,6 +329,8 @@ struct Trainer::Impl {
       // (older checkpoints: the plan's), in the share of the data one of `world` ranks reads.
       if (auto it = st.tensors.find("trainer/micro_batch"); it != st.tensors.end()) micro = it->second.item<int64_t>();
       if (auto it = st.tensors.find("trainer/world_size"); it != st.tensors.end()) world = it->second.item<int64_t>();
+      const auto pending = st.tensors.find("trainer/eval_pending");
+      eval_pending = pending != st.tensors.end() && pending->second.item<int64_t>() != 0;
     } catch (const std::exception& e) {
       const std::string what = e.what();
       throw CheckpointError(path + ": damaged trainer state: " + what.substr(0, what.find('\n')));
@@ -493,7 +497,9 @@ struct Trainer::Impl {
   }
 
   // The next micro-batch; rolls over to the next epoch once this epoch's whole steps are used.
-  data::Batch next_batch() {
+  // last_of_run: the run's final micro-batch, after which nothing is staged (a batch staged past
+  // the end would count its skipped samples, data.on_error skip, without training on them).
+  data::Batch next_batch(bool last_of_run = false) {
     if (!feeder) {
       auto batch = loader->next();
       if (!batch) throw Error("loader ran out of batches mid-step (dataset shrank?)");
@@ -507,7 +513,7 @@ struct Trainer::Impl {
     data::Batch current = normalized(feeder->take());
     // Stage the next one while this one computes, within the epoch's whole steps only (the
     // epoch boundary restarts the loader).
-    if (loader->position().batch < batches_per_epoch()) {
+    if (!last_of_run && loader->position().batch < batches_per_epoch()) {
       if (auto ahead = loader->next()) feeder->stage(std::move(*ahead));
     }
     return current;
@@ -543,6 +549,7 @@ struct Trainer::Impl {
       for (const auto& [epoch, sample] : bad_steps) flat.insert(flat.end(), {epoch, sample});
       state.tensors["trainer/bad_steps"] = torch::tensor(flat, torch::kLong).view({-1, 2});
     }
+    if (eval_pending) state.tensors["trainer/eval_pending"] = torch::tensor(int64_t{1}, torch::kLong);
     for (auto& [name, tensor] : scaler->state()) state.tensors[name] = tensor;
     save_checkpoint(path, *model, optimizer.get(), state);
     prune_checkpoints(checkpoint_dir(), config.checkpoint.keep_last, path);
@@ -750,6 +757,11 @@ FitResult Trainer::fit(const std::string& resume) {
     window_wait_start = s.loader_wait();
   };
 
+  if (s.eval_pending) {  // put off by the graceful stop that wrote the checkpoint resumed from
+    result.val = evaluate_and_log();  // evaluate() puts the model back in training mode
+    s.eval_pending = false;
+  }
+
   bool evaluated_at_end = false;
   while (s.step < s.plan.total_steps) {
     s.skip_bad_steps();
@@ -769,7 +781,7 @@ FitResult Trainer::fit(const std::string& resume) {
       for (int64_t micro = 0; micro < s.plan.accum_steps; ++micro) {
         // Only the last micro-step of an accumulation communicates (no_sync for the others).
         if (s.sync) s.sync->prepare(micro + 1 == s.plan.accum_steps);
-        const data::Batch batch = s.next_batch();
+        const data::Batch batch = s.next_batch(s.step + 1 == s.plan.total_steps && micro + 1 == s.plan.accum_steps);
         // Token targets (MLM): micro-batches hold different numbers of targets, so the mean of
         // their means is not the mean over the global batch, and would change with the split into
         // micro-batches and ranks. Their sums are divided by a fixed divisor here, and the
@@ -963,7 +975,9 @@ FitResult Trainer::fit(const std::string& resume) {
     if ((eval_every > 0 && s.step % eval_every == 0) || (eval_every == 0 && epoch_end) || last) {
       if (stopping && !last) {
         // The checkpoint comes first: an evaluation could outlast trainer.stop_grace_s.
-        log::warn(log::str("stop requested: the evaluation due at step ", s.step, " is skipped"));
+        log::warn(log::str("stop requested: the evaluation due at step ", s.step,
+                           " is put off until the run resumes"));
+        s.eval_pending = true;  // in the checkpoint written next
       } else {
         result.val = evaluate_and_log();
         evaluated_at_end = last;
