@@ -313,7 +313,11 @@ TEST_CASE("values of the wrong type are rejected with the expected type", "[conf
              Contains("test.yaml:2:16: key 'checkpoint.every_steps': expected an int, got '1.5'"));
   CHECK_THAT(
       config_error("data:\n  root: /d\n  shuffle: maybe\n" + kModelAndTrainer),
-      Contains("test.yaml:3:12: key 'data.shuffle': expected a bool (true or false), got 'maybe'"));
+      Contains("test.yaml:3:12: key 'data.shuffle': expected a bool (true or false; also yes/no, on/off), got 'maybe'"));
+  // yaml-cpp's single letters are not bools here (PyYAML does not take them either).
+  CHECK_THAT(config_error("data:\n  root: /d\n  shuffle: n\n" + kModelAndTrainer),
+             Contains("key 'data.shuffle': expected a bool"));
+  CHECK(parse_config("data:\n  root: /d\n  shuffle: Off\n" + kModelAndTrainer, "test.yaml").data.shuffle == false);
   CHECK_THAT(config_error("optim:\n  lr: {value: 0.1}\n" + kRequired),
              Contains("test.yaml:2:7: key 'optim.lr': expected a float, got a map"));
   CHECK_THAT(config_error("optim:\n  name: [sgd]\n" + kRequired),

@@ -735,8 +735,11 @@ std::optional<double> parse_float(const std::string& text) {
 // Numbers and bools must be plain scalars: in YAML a quoted "0.1" is a string.
 bool is_plain(const YAML::Node& node) { return node.IsScalar() && !is_quoted(node); }
 
-// yaml-cpp's spellings: true/false, yes/no, on/off, y/n, in lower, Title or UPPER case.
+// YAML 1.1's words, as PyYAML reads them too: true/false, yes/no, on/off, in lower, Title or UPPER
+// case. Not yaml-cpp's single letters y/n: "shuffle: n" is more likely a slip than "false".
 std::optional<bool> parse_bool(const YAML::Node& node) {
+  const std::string& text = node.Scalar();
+  if (text.size() == 1) return std::nullopt;
   bool value = false;
   if (!YAML::convert<bool>::decode(node, value)) return std::nullopt;
   return value;
@@ -776,7 +779,7 @@ Value read_value(const Key& key, const YAML::Node& node, const std::string& wher
     case Type::Float: return read_float(key, node, where, key.path);
     case Type::Bool: {
       const std::optional<bool> value = is_plain(node) ? parse_bool(node) : std::nullopt;
-      if (!value) fail_type(where, key.path, "a bool (true or false)", node);
+      if (!value) fail_type(where, key.path, "a bool (true or false; also yes/no, on/off)", node);
       return *value;
     }
     case Type::String:
