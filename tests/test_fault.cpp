@@ -302,6 +302,44 @@ TEST_CASE("non-finite loss, on_nonfinite rollback: back to the newest checkpoint
   files::remove_all(dir);
 }
 
+TEST_CASE("on_nonfinite rollback to a checkpoint whose evaluation a stop put off does not put it off again",
+          "[fault][nonfinite][resume]") {
+  const std::string dir = temp_dir("rollback_pending");
+  // 64 validation samples in one batch: an evaluation is one forward pass.
+  const Config config = config_for("poisoned_mlp", {"trainer.max_steps=3", "checkpoint.every_steps=1",
+                                                    "trainer.eval_every_steps=1", "trainer.eval_batch=64",
+                                                    "trainer.on_nonfinite=rollback"});
+  poison(1000, 1000);
+  {
+    torch::manual_seed(0);
+    RunParts run = prepare_run(config);
+    Trainer t(config, run.plan, run.model, run.train, run.val, dir);
+    t.request_stop();  // stops after step 1; its evaluation is put off, in the step-1 checkpoint
+    REQUIRE(t.fit().steps == 1);
+  }
+  // Resumed: the put-off evaluation (forward 1), step 2 (forward 2, poisoned) rolls back to the
+  // step-1 checkpoint, then steps 2 and 3 with their evaluations.
+  poison(2, 2);
+  {
+    torch::manual_seed(0);
+    RunParts run = prepare_run(config);
+    Trainer t(config, run.plan, run.model, run.train, run.val, dir);
+    const FitResult r = t.fit("auto");
+    CHECK(r.rollbacks == 1);
+    CHECK(r.steps == 3);
+  }
+  poison(1000, 1000);
+  // The evaluation was done once; nothing is pending in the checkpoints written after the rollback.
+  TrainState st;
+  {
+    torch::manual_seed(0);
+    RunParts probe = prepare_run(config);
+    st = load_checkpoint(checkpoint_path(files::join(dir, "checkpoints"), 3), *probe.model, nullptr);
+  }
+  CHECK(st.tensors.count("trainer/eval_pending") == 0);
+  files::remove_all(dir);
+}
+
 // The training set with one sample that cannot be loaded.
 class OneBadSample : public data::Dataset {
  public:

@@ -457,6 +457,9 @@ struct Trainer::Impl {
         bad_steps.insert(step_start);
         drop_gradients();
         restore(ckpt);
+        // An evaluation that checkpoint had put off was done when this run resumed from it (the
+        // newest checkpoint is that one or one this run wrote, which has none pending).
+        eval_pending = false;
         if (group) {
           const int64_t lo = group->reduce_int(step, dist::ReduceOp::Min);
           const int64_t hi = group->reduce_int(step, dist::ReduceOp::Max);
