@@ -748,16 +748,19 @@ FitResult Trainer::fit(const std::string& resume) {
     return ev;
   };
 
-  // After a rollback (trainer.on_nonfinite) the steps after the checkpoint are done again: what
-  // was logged of them goes, and the window starts over.
-  auto restart_window = [&] {
-    s.metrics.start_after(s.step);
+  auto new_window = [&] {
     window_loss = 0;
     window_loss_weight = 0;
     window_steps = 0;
     window_samples = 0;
     window_start = Clock::now();
     window_wait_start = s.loader_wait();
+  };
+  // After a rollback (trainer.on_nonfinite) the steps after the checkpoint are done again: what
+  // was logged of them goes, and the window starts over.
+  auto restart_window = [&] {
+    s.metrics.start_after(s.step);
+    new_window();
   };
 
   if (s.eval_pending) {  // put off by the graceful stop that wrote the checkpoint resumed from
@@ -961,13 +964,8 @@ FitResult Trainer::fit(const std::string& resume) {
           .add("peak_memory_mib", peak_memory_mib(s.device.str()));
       if (s.plan.loss_scaling) r.add("loss_scale", s.scaler->get_scale());
       s.metrics.write(r);
-      window_loss = 0;
-      window_loss_weight = 0;
       s.adapt_workers(elapsed, waited, window_steps);
-      window_steps = 0;
-      window_samples = 0;
-      window_start = Clock::now();
-      window_wait_start = s.loader_wait();
+      new_window();
       step_time.reset();
     }
 
