@@ -457,6 +457,10 @@ TEST_CASE("overrides (--set) are typed, checked and applied after the file", "[c
     CHECK_THAT(config_error(kRequired, {"precision.mode=FP16"}), Contains("did you mean 'fp16'?"));
     CHECK_THAT(config_error(kRequired, {"optim.LR=0.1"}), Contains("did you mean 'optim.lr'?"));
     CHECK_THAT(config_error(kRequired, {"logging.level=INFO"}), Contains("did you mean 'info'?"));
+    // One word of a key of the same section beats a short key of another one edit-distance away.
+    CHECK_THAT(config_error(kRequired, {"trainer.steps=5"}), Contains("did you mean 'trainer.max_steps'?"));
+    CHECK_THAT(config_error(kRequired, {"trainer.batch=64"}), Contains("did you mean 'trainer.global_batch'?"));
+    CHECK_THAT(config_error(kRequired, {"schedule.warmup=5"}), Contains("did you mean 'schedule.warmup_steps'?"));
     // A comment would drop part of the value; quoted, '#' is text.
     CHECK_THAT(config_error(kRequired, {"data.root=/d #2"}),
                Contains("--set data.root=/d #2: key 'data.root': '#2' would be read as a YAML comment and dropped"));

@@ -363,7 +363,7 @@ TEST_CASE("a second stop signal a second later, or a stop past trainer.stop_grac
   files::remove_all(dir);
 }
 
-TEST_CASE("temporary files left by killed checkpoint writes are removed when a run starts in the directory",
+TEST_CASE("temporary files left by killed writes are removed when a run starts in the directory",
           "[resume][process][signals]") {
   const std::string dir = files::make_temp_directory("train_tmp_files_");
   const std::string config_path = files::join(dir, "run.yaml");
@@ -384,6 +384,11 @@ TEST_CASE("temporary files left by killed checkpoint writes are removed when a r
                                       "step_00000030.pt.bak"};
   for (const auto& name : stale) std::ofstream(files::join(ckpts, name)) << "half a checkpoint";
   for (const auto& name : kept) std::ofstream(files::join(ckpts, name)) << "something";
+  // The run directory's own files (written the same way), and one that is not the run's.
+  const std::vector<std::string> stale_top{"config.yaml.tmp." + d, "plan.json.tmp." + d, "metrics.jsonl.tmp." + d};
+  const std::string kept_top = "results.csv.tmp." + d;
+  for (const auto& name : stale_top) std::ofstream(files::join(run_dir, name)) << "half a file";
+  std::ofstream(files::join(run_dir, kept_top)) << "the user's";
   const std::string log = files::join(dir, "run.log");
   REQUIRE(wait_exit(spawn_logged(kTrain, {"fit", config_path, "--run-dir", run_dir, "--set", "trainer.max_steps=2"},
                                  log)) == 0);
@@ -391,13 +396,18 @@ TEST_CASE("temporary files left by killed checkpoint writes are removed when a r
   INFO(out);
   for (const auto& name : stale) {
     CHECK_FALSE(files::exists(files::join(ckpts, name)));
-    CHECK_THAT(out, Catch::Contains("removed " + files::join(ckpts, name) + ", left by a checkpoint write that did "
-                                    "not finish (pid " + d + ")"));
+    CHECK_THAT(out, Catch::Contains("removed " + files::join(ckpts, name) + ", left by a write that did not finish "
+                                    "(pid " + d + ")"));
   }
+  for (const auto& name : stale_top) {
+    CHECK_FALSE(files::exists(files::join(run_dir, name)));
+    CHECK_THAT(out, Catch::Contains("removed " + files::join(run_dir, name) + ", left by a write that did not finish"));
+  }
+  CHECK(files::exists(files::join(run_dir, kept_top)));
   for (const auto& name : kept) CHECK(files::exists(files::join(ckpts, name)));
   CHECK_THAT(out, Catch::Contains("kept " + files::join(ckpts, kept[0]) + ": its writer, pid " + alive +
                                   ", is still running"));
-  CHECK_THAT(slurp(files::join(run_dir, "train.log")), Catch::Contains("left by a checkpoint write that did not finish"));
+  CHECK_THAT(slurp(files::join(run_dir, "train.log")), Catch::Contains("left by a write that did not finish"));
   CHECK(files::exists(checkpoint_path(ckpts, 2)));
   files::remove_all(dir);
 }

@@ -3,6 +3,7 @@
 // the target, fsync the directory. A reader sees the old file or the new one, never half.
 // Internal header.
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -10,9 +11,11 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "train/errors.h"
 #include "train/files.h"
+#include "train/log.h"
 
 namespace train::detail {
 
@@ -58,6 +61,43 @@ inline void write_atomically(const std::string& path,
 
 inline void write_text_atomically(const std::string& path, const std::string& text) {
   write_atomically(path, [&](const auto& sink) { sink(text.data(), text.size()); });
+}
+
+// Removes the temporary files "<target>.tmp.<pid>" that a write_atomically killed before its rename
+// left in dir, for the targets `is_target` accepts (a file name), logging each. The file of a
+// writer that is still running here (another process writing to the same directory) is kept, with
+// a warning. This process's own pid counts as left over: a container may give every restart the
+// same pid, and callers run this before they write. Returns the paths removed.
+inline std::vector<std::string> remove_stale_temporaries(const std::string& dir,
+                                                         const std::function<bool(const std::string&)>& is_target) {
+  std::vector<std::string> removed;
+  for (const auto& name : files::list_directory(dir)) {
+    const size_t tmp = name.rfind(".tmp.");
+    if (tmp == std::string::npos || tmp == 0) continue;
+    const std::string target = name.substr(0, tmp), digits = name.substr(tmp + 5);
+    if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos ||
+        !is_target(target)) {
+      continue;
+    }
+    const std::string path = files::join(dir, name);
+    if (!files::is_regular_file(path)) continue;
+    const auto pid = static_cast<pid_t>(std::stol(digits));
+    const bool running = pid > 0 && pid != ::getpid() && (::kill(pid, 0) == 0 || errno == EPERM);
+    if (running) {
+      log::warn(log::str("kept ", path, ": its writer, pid ", pid, ", is still running (another run writing to ",
+                         dir, "?)"));
+      continue;
+    }
+    try {
+      files::remove_file(path);
+    } catch (const Error& e) {
+      log::warn(std::string("could not remove a leftover temporary file: ") + e.what());
+      continue;
+    }
+    log::info(log::str("removed ", path, ", left by a write that did not finish (pid ", pid, ")"));
+    removed.push_back(path);
+  }
+  return removed;
 }
 
 }  // namespace train::detail

@@ -1,6 +1,5 @@
 #include "train/checkpoint.h"
 
-#include <signal.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -478,38 +477,12 @@ void prune_checkpoints(const std::string& dir, int64_t keep, const std::string& 
 }
 
 std::vector<std::string> remove_stale_checkpoint_temporaries(const std::string& dir) {
-  std::vector<std::string> removed;
-  for (const auto& name : files::list_directory(dir)) {
-    // detail::write_atomically names its temporary file "<target>.tmp.<pid>".
-    const size_t tmp = name.rfind(".tmp.");
-    if (name.rfind("step_", 0) != 0 || tmp == std::string::npos) continue;
-    const std::string target = name.substr(0, tmp), digits = name.substr(tmp + 5);
-    const auto ends_with = [&](const std::string& suffix) {
-      return target.size() > suffix.size() && target.compare(target.size() - suffix.size(), suffix.size(), suffix) == 0;
-    };
-    if (!(ends_with(".pt") || ends_with(".pt.crc32c")) || digits.empty() || digits.size() > 9 ||
-        digits.find_first_not_of("0123456789") != std::string::npos) {
-      continue;
-    }
-    const std::string path = files::join(dir, name);
-    if (!files::is_regular_file(path)) continue;
-    const auto pid = static_cast<pid_t>(std::stol(digits));
-    const bool running = pid > 0 && pid != ::getpid() && (::kill(pid, 0) == 0 || errno == EPERM);
-    if (running) {
-      log::warn(log::str("kept ", path, ": its writer, pid ", pid, ", is still running (another run writing to ",
-                         dir, "?)"));
-      continue;
-    }
-    try {
-      files::remove_file(path);
-    } catch (const Error& e) {
-      log::warn(std::string("could not remove a leftover temporary file: ") + e.what());
-      continue;
-    }
-    log::info(log::str("removed ", path, ", left by a checkpoint write that did not finish (pid ", pid, ")"));
-    removed.push_back(path);
-  }
-  return removed;
+  const auto ends_with = [](const std::string& s, const std::string& suffix) {
+    return s.size() > suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  return detail::remove_stale_temporaries(dir, [&](const std::string& target) {
+    return target.rfind("step_", 0) == 0 && (ends_with(target, ".pt") || ends_with(target, ".pt.crc32c"));
+  });
 }
 
 }  // namespace train

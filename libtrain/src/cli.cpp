@@ -250,6 +250,10 @@ int train_in_run_dir(const Config& config, RunParts& run, const std::string& run
     // Locked before anything is written; a run that cannot take the lock changes nothing.
     files::make_directories(run_dir);
     lock.emplace(run_dir);
+    // What a write killed before its rename left (a kill or a full disk in an earlier run here).
+    detail::remove_stale_temporaries(run_dir, [](const std::string& target) {
+      return target == "config.yaml" || target == "plan.json" || target == "metrics.jsonl";
+    });
     // Another run may have checkpointed here between cmd_fit's check and the lock.
     if (resume_path.empty() && !latest_checkpoint(files::join(run_dir, "checkpoints")).empty()) {
       throw UsageError("run directory " + run_dir + " now holds checkpoints (another run wrote them); pass --resume "

@@ -32,7 +32,8 @@ inline std::string ascii_lower(std::string s) {
 // "FP16" -> "fp16", "LR" -> "lr". Otherwise at most 2 edits, or a third of a long word, and never
 // one that replaces every character of `word`. Failing that, a candidate of 4 or more characters
 // that starts `word`, or that `word` (4 or more) starts: "optimizer" -> "optim", "sched" ->
-// "schedule".
+// "schedule". Failing that, one that has `word` (4 or more) as one of its words: "steps" ->
+// "max_steps".
 inline std::optional<size_t> closest_index(const std::string& typed, const std::vector<std::string>& typed_candidates) {
   const std::string word = ascii_lower(typed);
   std::vector<std::string> candidates;
@@ -62,7 +63,24 @@ inline std::optional<size_t> closest_index(const std::string& typed, const std::
       best_distance = d;
     }
   }
-  return best;
+  if (best || word.size() < 4) return best;
+  // A word of a multi-word name ("steps" -> "max_steps"): the first that ends with it, else the
+  // first that holds it.
+  auto holds = [&](const std::string& name, bool last_only) {
+    for (size_t at = name.find(word); at != std::string::npos; at = name.find(word, at + 1)) {
+      const size_t end = at + word.size();
+      const bool starts_word = at == 0 || name[at - 1] == '_' || name[at - 1] == '-';
+      const bool ends_word = end == name.size() || (!last_only && (name[end] == '_' || name[end] == '-'));
+      if (starts_word && ends_word && name.size() > word.size()) return true;
+    }
+    return false;
+  };
+  for (const bool last_only : {true, false}) {
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      if (holds(candidates[i], last_only)) return i;
+    }
+  }
+  return std::nullopt;
 }
 
 // The closest candidate itself, or "" when none is plausible.
