@@ -1,12 +1,15 @@
 #include "testing.h"
 
 #include <train/device.h>
+#include <train/doctor.h>
 #include <train/errors.h>
 #include <train/files.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
+#include <map>
 #include <set>
 #include <string>
 
@@ -17,11 +20,52 @@ using Catch::Matchers::StartsWith;
 namespace {
 
 int64_t gib(double g) { return static_cast<int64_t>(g * 1024 * 1024 * 1024); }
+double in_gib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024 * 1024); }
 
 // The key match_gpu picks, "" for none; `how` receives its reason.
 std::string matched_key(const std::string& name, int major, int minor, double memory_gib, std::string* how = nullptr) {
-  const GpuSpec* spec = match_gpu(name, major, minor, gib(memory_gib), how);
-  return spec ? spec->key : "";
+  const GpuMatch m = match_gpu(name, major, minor, gib(memory_gib));
+  if (how) *how = m.how;
+  return m.spec ? m.spec->key : "";
+}
+
+// A detected CUDA device as detect_device() would describe it, with the table's figures.
+DeviceProfile cuda_device(const std::string& name, int major, int minor, double memory_gib, int sms) {
+  DeviceProfile p;
+  p.kind = "cuda";
+  p.name = name;
+  p.cc_major = major;
+  p.cc_minor = minor;
+  p.total_memory = gib(memory_gib);
+  p.sm_count = sms;
+  fill_gpu_figures(p);
+  return p;
+}
+
+// Files under a temporary directory, removed at the end of the test.
+struct FakeFiles {
+  std::string root = files::make_temp_directory("train_device_");
+  ~FakeFiles() { files::remove_all(root); }
+  std::string put(const std::string& rel, const std::string& text) const {
+    const std::string path = files::join(root, rel);
+    files::make_directories(files::parent(path));
+    std::ofstream(path) << text;
+    return path;
+  }
+  std::string operator/(const std::string& rel) const { return files::join(root, rel); }
+};
+
+// Whether the venv's Python reads `json` as strict UTF-8 JSON that is a list of checks, and the
+// assertion `python_check` (a Python expression over `d`, the parsed list) holds.
+bool python_accepts_json(const std::string& json, const std::string& python_check = "True") {
+  const FakeFiles dir;
+  const std::string file = dir.put("doctor.json", json);
+  const std::string script = dir.put("check.py", "import json, sys\n"
+                                                 "d = json.load(open(sys.argv[1], encoding='utf-8'))\n"
+                                                 "assert isinstance(d, list) and all(set(c) == {'name', 'status', 'detail', 'hint'} for c in d)\n"
+                                                 "assert " + python_check + "\n");
+  const std::string cmd = std::string("\"") + TRAIN_PYTHON + "\" \"" + script + "\" \"" + file + "\"";
+  return std::system(cmd.c_str()) == 0;
 }
 
 std::string named_device_error(const std::string& key) {
@@ -78,6 +122,17 @@ TEST_CASE("device: patterns match whole words only", "[device]") {
   std::string how;
   CHECK(matched_key("Quadro RTX T4000", 7, 5, 8, &how) == "t4");
   CHECK_THAT(how, StartsWith("fallback: "));
+  // Names that contain a pattern only inside a longer word: a substring search would take them
+  // for the L4, the A100 (or A10) and the T4; they fall back by compute capability instead.
+  CHECK(matched_key("NVIDIA L40", 8, 9, 44.4, &how) == "l40s");
+  CHECK_THAT(how, StartsWith("fallback: unknown name 'NVIDIA L40'"));
+  CHECK(matched_key("NVIDIA RTX A1000", 8, 6, 7.7, &how) == "a10");
+  CHECK_THAT(how, StartsWith("fallback: "));
+  CHECK(matched_key("NVIDIA T400", 7, 5, 3.8, &how) == "t4");
+  CHECK_THAT(how, StartsWith("fallback: "));
+  // A pattern followed by a non-alphanumeric character is a whole word.
+  CHECK(matched_key("NVIDIA A100-SXM4-40GB", 8, 0, 39.4, &how) == "a100-40gb");
+  CHECK_THAT(how, StartsWith("detected: name"));
 }
 
 TEST_CASE("device: the A100 variant is chosen by memory, not by name", "[device]") {
@@ -92,13 +147,17 @@ TEST_CASE("device: the A100 variant is chosen by memory, not by name", "[device]
 TEST_CASE("device: an unknown name falls back by compute capability and memory", "[device]") {
   std::string how;
   SECTION("same major.minor: cc 8.9 and 24 GB is an Ada entry") {
-    const GpuSpec* spec = match_gpu("NVIDIA Future Ada", 8, 9, gib(23.6), &how);
-    REQUIRE(spec != nullptr);
-    CHECK(spec->cc_major == 8);
-    CHECK(spec->cc_minor == 9);
-    CHECK(spec->memory_gb == 24);
-    CHECK(spec->key == "l4");  // ties with the RTX 4090 go to the earlier, more conservative entry
-    CHECK(how == "fallback: unknown name 'NVIDIA Future Ada'; compute capability 8.9 and 24 GiB -> closest l4");
+    const GpuMatch m = match_gpu("NVIDIA Future Ada", 8, 9, gib(23.6));
+    REQUIRE(m.spec != nullptr);
+    CHECK(m.spec->cc_major == 8);
+    CHECK(m.spec->cc_minor == 9);
+    CHECK(in_gib(m.spec->memory_bytes) == Approx(22.06).margin(0.01));
+    // The RTX 4090's 23.99 GiB is closer, but within 10 %: a tie, which goes to the earlier, more
+    // conservative entry.
+    CHECK(m.spec->key == "l4");
+    CHECK(m.approximate);
+    CHECK(m.sm_scale == 1.0);  // SM count unknown
+    CHECK(m.how == "fallback: unknown name 'NVIDIA Future Ada'; compute capability 8.9 and 24 GiB -> closest l4");
   }
   SECTION("cc 8.6 and 24 GB is the A10") {
     CHECK(matched_key("NVIDIA RTX A5000", 8, 6, 23.7, &how) == "a10");
@@ -118,9 +177,13 @@ TEST_CASE("device: an unknown name falls back by compute capability and memory",
     CHECK(matched_key("NVIDIA GH200 480GB", 9, 0, 94.5, &how) == "h100");
     CHECK_THAT(how, StartsWith("fallback: "));
   }
+  SECTION("a newer architecture is planned as the H100, not the H100 PCIe whose memory is 0.1 % closer") {
+    CHECK(matched_key("NVIDIA Future", 10, 0, 60, &how) == "h100");
+  }
   SECTION("a GPU older than every entry has no spec") {
-    CHECK(match_gpu("Tesla P100-PCIE-16GB", 6, 0, gib(15.9), &how) == nullptr);
-    CHECK_THAT(how, StartsWith("unknown: "));
+    const GpuMatch m = match_gpu("Tesla P100-PCIE-16GB", 6, 0, gib(15.9), 56);
+    CHECK(m.spec == nullptr);
+    CHECK_THAT(m.how, StartsWith("unknown: "));
   }
 }
 
@@ -134,8 +197,8 @@ TEST_CASE("device: named_device describes a table entry", "[device]") {
   CHECK(a100.name == "NVIDIA A100-SXM4-80GB");
   CHECK(a100.cc_major == 8);
   CHECK(a100.cc_minor == 0);
-  CHECK(a100.total_memory == gib(80));
-  CHECK(a100.free_memory == a100.total_memory);
+  CHECK(a100.total_memory == int64_t{81049} << 20);  // what CUDA reports, not the marketed 80 GB
+  CHECK(a100.free_memory == a100.total_memory - kCudaContextBytes);
   CHECK(a100.sm_count == 108);
   CHECK(a100.visible_gpus == 1);
   CHECK(a100.bf16);
@@ -146,7 +209,9 @@ TEST_CASE("device: named_device describes a table entry", "[device]") {
   CHECK(a100.peak_fp32_tflops == 19.5);
   CHECK(a100.bandwidth_gbs == 2039);
   CHECK(a100.cpu_cores >= 1);  // the host is this machine
-  CHECK(a100.summary() == "NVIDIA A100-SXM4-80GB [a100-80gb, planned, not detected] (cc 8.0, 80 GiB, 108 SMs)");
+  CHECK_FALSE(a100.approximate);
+  CHECK(a100.summary() == "NVIDIA A100-SXM4-80GB [a100-80gb, planned, not detected] (cc 8.0, 79.1 GiB, 108 SMs)" +
+                              (a100.warning.empty() ? "" : "; " + a100.warning));
 
   const DeviceProfile t4 = named_device("t4");
   CHECK(t4.named);
@@ -156,6 +221,10 @@ TEST_CASE("device: named_device describes a table entry", "[device]") {
   CHECK(t4.peak_tf32_tflops == 0);
   CHECK(t4.peak_fp16_tflops == 65);
   CHECK(t4.peak_fp32_tflops == 8.1);
+  // A real T4 reports 15843721216 bytes: a plan for the marketed 16 GiB would promise 1.2 GiB
+  // more than there is.
+  CHECK(in_gib(t4.total_memory) == Approx(14.75).margin(0.01));
+  CHECK(t4.free_memory < t4.total_memory);
 
   CHECK(named_device("H200").spec_key == "h200");  // keys are case-insensitive
 }
@@ -181,7 +250,18 @@ TEST_CASE("device: cpu is detected, by request or by name", "[device]") {
     CHECK(cpu.cpu_cores >= 1);
     CHECK_FALSE(cpu.blas.empty());
     CHECK(cpu.total_memory > 0);
-    CHECK(cpu.peak_fp32_tflops >= 0);
+    CHECK(cpu.free_memory > 0);
+    CHECK(cpu.free_memory <= cpu.total_memory);
+    CHECK(cpu.total_memory <= host_memory().total);
+    // A peak from the clock, cores and vector width, or none when the clock is unknown; a 2-socket
+    // AVX-512 server peaks near 10 TFLOP/s.
+    if (cpu.match.find("clock unknown") == std::string::npos) {
+      CHECK_THAT(cpu.match, Contains(" cores x "));
+      CHECK(cpu.peak_fp32_tflops > 0.001);
+      CHECK(cpu.peak_fp32_tflops < 100);
+    } else {
+      CHECK(cpu.peak_fp32_tflops == 0);
+    }
     CHECK_THAT(cpu.match, StartsWith("detected: CPU"));
     CHECK_THAT(cpu.summary(), Contains("BLAS "));
   }
@@ -219,14 +299,18 @@ TEST_CASE("device: every table entry is complete and consistent", "[device]") {
     CHECK(known.count(spec.key) == 1);
     CHECK(spec.peak_fp32_tflops > 0);
     CHECK(spec.peak_fp16_tflops > spec.peak_fp32_tflops);  // every entry has fp16 tensor cores
-    CHECK(spec.memory_gb > 0);
+    CHECK(spec.memory_bytes > 0);
     CHECK(spec.bandwidth_gbs > 0);
     CHECK(spec.sm_count > 0);
     CHECK((spec.peak_bf16_tflops > 0) == (spec.cc_major >= 8));
     CHECK((spec.peak_tf32_tflops > 0) == (spec.cc_major >= 8));
     CHECK_FALSE(spec.name_patterns.empty());
     // The canonical device name, with the memory the table gives, finds its own entry.
-    CHECK(matched_key(spec.display_name, spec.cc_major, spec.cc_minor, spec.memory_gb) == spec.key);
+    const GpuMatch own = match_gpu(spec.display_name, spec.cc_major, spec.cc_minor, spec.memory_bytes, spec.sm_count);
+    REQUIRE(own.spec != nullptr);
+    CHECK(own.spec->key == spec.key);
+    CHECK_FALSE(own.approximate);
+    CHECK(own.sm_scale == 1.0);
   }
 }
 
@@ -274,4 +358,316 @@ TEST_CASE("device: the CPU quota comes from the process's own cgroup and the str
   CHECK(available_cores() >= 1);
   if (quota > 0) CHECK(available_cores() <= std::max(1.0, std::floor(quota)));
   files::remove_all(root);
+}
+
+TEST_CASE("device: table memory is what CUDA reports and below the marketed size", "[device]") {
+  // The marketed size in GB, taken as GiB, overstates what a plan can use by 1 to 8 %.
+  const std::map<std::string, double> marketed = {
+      {"v100-16gb", 16}, {"v100-32gb", 32}, {"t4", 16},       {"a100-40gb", 40}, {"a100-80gb", 80},
+      {"a10", 24},       {"a10g", 24},      {"rtx3090", 24},  {"l4", 24},        {"rtx4090", 24},
+      {"l40s", 48},      {"h100", 80},      {"h100-pcie", 80}, {"h200", 141}};
+  for (const GpuSpec& spec : gpu_specs()) {
+    CAPTURE(spec.key);
+    REQUIRE(marketed.count(spec.key) == 1);
+    CHECK(in_gib(spec.memory_bytes) < marketed.at(spec.key));
+    CHECK(in_gib(spec.memory_bytes) > 0.9 * marketed.at(spec.key));
+    const DeviceProfile p = named_device(spec.key);
+    CHECK(p.total_memory == spec.memory_bytes);
+    CHECK(p.free_memory == spec.memory_bytes - kCudaContextBytes);  // an estimate: our own CUDA context
+  }
+  CHECK(in_gib(named_device("t4").total_memory) == Approx(15843721216.0 / (1 << 30)).margin(0.001));
+  // This project's H200 printed "140 GiB" (3 significant digits: 139.5 to 140.5).
+  CHECK(in_gib(named_device("h200").total_memory) == Approx(140).margin(0.5));
+}
+
+TEST_CASE("device: a name match with another SM count is approximate and scales the peaks", "[device]") {
+  SECTION("H100 NVL: 132 SMs like the SXM module, so the H100's figures as they are") {
+    const DeviceProfile p = cuda_device("NVIDIA H100 NVL", 9, 0, 93.1, 132);
+    CHECK(p.spec_key == "h100");
+    CHECK_FALSE(p.approximate);
+    CHECK(p.peak_bf16_tflops == 989);
+    CHECK(p.match == "detected: name 'NVIDIA H100 NVL' matches h100");
+  }
+  SECTION("a 1g.10gb MIG slice of an A100 has 14 of its 108 SMs") {
+    const DeviceProfile p = cuda_device("NVIDIA A100-SXM4-80GB MIG 1g.10gb", 8, 0, 9.5, 14);
+    CHECK_THAT(p.spec_key, StartsWith("a100-"));
+    CHECK(p.approximate);
+    CHECK(p.peak_bf16_tflops == Approx(312.0 * 14 / 108));
+    CHECK(p.peak_fp32_tflops == Approx(19.5 * 14 / 108));
+    CHECK_THAT(p.match, StartsWith("detected: name 'NVIDIA A100-SXM4-80GB MIG 1g.10gb' matches"));
+    CHECK_THAT(p.match, Contains("approximate: 14 SMs, " + p.spec_key + " has 108: peaks scaled by 0.13"));
+    CHECK_THAT(p.summary(), Contains("[" + p.spec_key + ", SMs scaled]"));
+  }
+  SECTION("the RTX 4090 Laptop GPU has 76 SMs, the desktop card 128") {
+    const DeviceProfile p = cuda_device("NVIDIA GeForce RTX 4090 Laptop GPU", 8, 9, 16, 76);
+    CHECK(p.spec_key == "rtx4090");
+    CHECK(p.approximate);
+    CHECK(p.peak_fp16_tflops == Approx(165.2 * 76 / 128));
+    CHECK(p.bandwidth_gbs == 1008);  // only the compute peaks scale
+  }
+  SECTION("within 10 % the table's figures stand") {
+    const GpuMatch m = match_gpu("NVIDIA A100-SXM4-80GB", 8, 0, gib(79.2), 100);
+    CHECK_FALSE(m.approximate);
+    CHECK(m.sm_scale == 1.0);
+  }
+  SECTION("a fallback scales down by SMs but never up") {
+    const GpuMatch smaller = match_gpu("NVIDIA RTX 4000 Ada Generation", 8, 9, gib(19.7), 48);
+    REQUIRE(smaller.spec != nullptr);
+    CHECK(smaller.spec->key == "l4");
+    CHECK(smaller.approximate);
+    CHECK(smaller.sm_scale == Approx(48.0 / 58));
+    const GpuMatch bigger = match_gpu("NVIDIA GeForce RTX 5090", 12, 0, gib(31.4), 170);
+    REQUIRE(bigger.spec != nullptr);
+    CHECK(bigger.spec->key == "h100");
+    CHECK(bigger.approximate);
+    CHECK(bigger.sm_scale == 1.0);
+    CHECK_THAT(bigger.how, !Contains("scaled"));
+  }
+}
+
+TEST_CASE("device: the GPU architectures of a LibTorch build and the compute capabilities they run", "[device]") {
+  // The CUDA 13.0 wheel's flags, as at::show_config() prints them.
+  const std::string cu130 =
+      "  - NVCC architecture flags: -gencode;arch=compute_75,code=sm_75;-gencode;arch=compute_80,code=sm_80;"
+      "-gencode;arch=compute_86,code=sm_86;-gencode;arch=compute_90,code=sm_90;-gencode;arch=compute_100,"
+      "code=sm_100;-gencode;arch=compute_120,code=sm_120";
+  const std::vector<std::string> archs = parse_cuda_arch_flags(cu130);
+  CHECK(archs == std::vector<std::string>{"sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"});
+  CHECK(kernel_support(archs, 7, 0) == KernelSupport::none);    // V100: not in the cu130 wheel
+  CHECK(kernel_support(archs, 7, 5) == KernelSupport::native);  // T4
+  CHECK(kernel_support(archs, 8, 9) == KernelSupport::native);  // L4 runs sm_86 code
+  CHECK(kernel_support(archs, 9, 0) == KernelSupport::native);
+  CHECK(kernel_support(archs, 12, 1) == KernelSupport::native);
+  CHECK(kernel_support(archs, 11, 0) == KernelSupport::none);  // no PTX to compile for it
+  CHECK(kernel_support(archs, 6, 1) == KernelSupport::none);
+  CHECK_THAT(kernel_warning(archs, 7, 0), Contains("no kernels for compute capability 7.0"));
+  CHECK_THAT(kernel_warning(archs, 7, 0), Contains("includes sm_70"));
+  CHECK(kernel_warning(archs, 9, 0).empty());
+  CHECK(kernel_warning({}, 7, 0).empty());  // a CPU-only build: nothing to say
+
+  // PTX, code=compute_XY, is compiled by the driver for any newer GPU; sm_90a runs on 9.0 only.
+  const std::vector<std::string> ptx =
+      parse_cuda_arch_flags("-gencode;arch=compute_80,code=[sm_80,compute_80];-gencode;arch=compute_90a,code=sm_90a");
+  CHECK(ptx == std::vector<std::string>{"sm_80", "compute_80", "sm_90a"});
+  CHECK(kernel_support(ptx, 8, 6) == KernelSupport::native);
+  CHECK(kernel_support(ptx, 9, 0) == KernelSupport::native);
+  CHECK(kernel_support(ptx, 10, 0) == KernelSupport::ptx);
+  CHECK(kernel_support(ptx, 7, 5) == KernelSupport::none);
+  CHECK_THAT(kernel_warning(ptx, 10, 0), Contains("only PTX"));
+  CHECK(parse_cuda_arch_flags("sm_50 sm_60 sm_70 compute_70") ==
+        std::vector<std::string>{"sm_50", "sm_60", "sm_70", "compute_70"});
+
+  // This build's list, and named profiles that warn when it cannot run them.
+  for (const std::string& arch : cuda_arch_list()) {
+    CHECK((arch.rfind("sm_", 0) == 0 || arch.rfind("compute_", 0) == 0));
+  }
+  for (const char* key : {"v100-16gb", "t4", "h200"}) {
+    CAPTURE(key);
+    const DeviceProfile p = named_device(key);
+    CHECK(p.warning == kernel_warning(cuda_arch_list(), p.cc_major, p.cc_minor));
+    if (!p.warning.empty()) CHECK_THAT(p.summary(), Contains(p.warning));
+  }
+}
+
+TEST_CASE("device: CPU memory is capped by the cgroup memory limit", "[device]") {
+  const FakeFiles f;
+  const std::string self = f / "self_cgroup";
+  const int64_t gi = int64_t{1} << 30;
+
+  // cgroup v2: a 4 GiB limit two levels up binds; the working set excludes inactive page cache.
+  f.put("v2/cgroup.controllers", "cpu memory\n");
+  f.put("v2/memory.max", "max\n");
+  f.put("v2/a/memory.max", std::to_string(4 * gi) + "\n");
+  f.put("v2/a/memory.current", std::to_string(3 * gi) + "\n");
+  f.put("v2/a/memory.stat", "anon 1000\ninactive_file " + std::to_string(gi) + "\nactive_file 5\n");
+  f.put("v2/a/b/memory.max", "max\n");
+  f.put("v2/a/b/memory.current", std::to_string(gi) + "\n");
+  f.put("self_cgroup", "0::/a/b\n");
+  MemoryAmount limit = cgroup_memory_limit(f / "v2", self);
+  CHECK(limit.total == 4 * gi);
+  CHECK(limit.available == 2 * gi);  // 4 - (3 - 1)
+  f.put("v2/a/b/memory.max", std::to_string(gi + gi / 2) + "\n");  // a tighter child
+  limit = cgroup_memory_limit(f / "v2", self);
+  CHECK(limit.total == gi + gi / 2);
+  CHECK(limit.available == gi / 2);
+  f.put("self_cgroup", "0::/\n");  // the root sets no limit
+  CHECK(cgroup_memory_limit(f / "v2", self).total == 0);
+
+  // cgroup v1: the memory controller's own line and mount; "no limit" is a number near 2^63.
+  f.put("v1/memory/memory.limit_in_bytes", "9223372036854771712\n");
+  f.put("v1/memory/x/memory.limit_in_bytes", std::to_string(2 * gi) + "\n");
+  f.put("v1/memory/x/memory.usage_in_bytes", std::to_string(gi) + "\n");
+  f.put("v1/memory/x/memory.stat", "cache 0\ntotal_inactive_file " + std::to_string(gi / 4) + "\n");
+  f.put("self_cgroup", "4:cpu,cpuacct:/\n3:memory:/x\n");
+  limit = cgroup_memory_limit(f / "v1", self);
+  CHECK(limit.total == 2 * gi);
+  CHECK(limit.available == gi + gi / 4);
+  f.put("self_cgroup", "3:memory:/\n");
+  CHECK(cgroup_memory_limit(f / "v1", self).total == 0);
+
+  // The host's meminfo, capped by the cgroup.
+  const std::string meminfo = f.put("meminfo", "MemTotal:       16777216 kB\nMemFree:  100 kB\n"
+                                               "MemAvailable:   12582912 kB\n");
+  f.put("self_cgroup", "3:memory:/x\n");
+  MemoryAmount host = host_memory(meminfo, f / "v1", self);
+  CHECK(host.total == 2 * gi);
+  CHECK(host.available == gi + gi / 4);
+  f.put("self_cgroup", "3:memory:/\n");
+  host = host_memory(meminfo, f / "v1", self);
+  CHECK(host.total == 16 * gi);
+  CHECK(host.available == 12 * gi);
+  // Nothing readable: the host's physical memory, all of it available.
+  host = host_memory(f / "none", f / "none", f / "none");
+  CHECK(host.total > 0);
+  CHECK(host.available == host.total);
+}
+
+TEST_CASE("device: the CPU model from cpuinfo on x86 and aarch64", "[device]") {
+  const FakeFiles f;
+  CHECK(cpu_model_name(f.put("x86", "processor\t: 0\nvendor_id\t: GenuineIntel\n"
+                                    "model name\t: Intel(R) Xeon(R) Platinum 8480+\nflags\t: fpu avx2\n")) ==
+        "Intel(R) Xeon(R) Platinum 8480+");
+  // A bare "model name\t:" (nothing after the colon) neither throws nor names the CPU "".
+  CHECK(cpu_model_name(f.put("bare", "processor\t: 0\nmodel name\t:\n")) == "unknown CPU");
+  CHECK(cpu_model_name(f.put("bare2", "model name:")) == "unknown CPU");
+  // aarch64 has no model name: the implementer and part name the core.
+  const std::string grace = "processor\t: 0\nBogoMIPS\t: 2000.00\nFeatures\t: fp asimd sve2\n"
+                            "CPU implementer\t: 0x41\nCPU architecture: 8\nCPU variant\t: 0x0\n"
+                            "CPU part\t: 0xd4f\nCPU revision\t: 0\n";
+  CHECK(cpu_model_name(f.put("grace", grace)) == "ARM Neoverse-V2");
+  CHECK(cpu_model_name(f.put("arm", "CPU implementer\t: 0x48\nCPU part\t: 0xd01\n")) ==
+        "ARM CPU (implementer 0x48, part 0xd01)");
+  CHECK(cpu_model_name(f / "missing") == "unknown CPU");
+  CHECK_FALSE(cpu_model_name().empty());
+}
+
+TEST_CASE("doctor: NVIDIA hardware is read from the PCI bus and device nodes", "[device][doctor]") {
+  const FakeFiles f;
+  f.put("pci/0000:00:04.0/vendor", "0x10de\n");  // a data-center GPU: 3D controller
+  f.put("pci/0000:00:04.0/class", "0x030200\n");
+  f.put("pci/0000:00:04.1/vendor", "0x10de\n");  // its audio function
+  f.put("pci/0000:00:04.1/class", "0x040300\n");
+  f.put("pci/0000:00:05.0/vendor", "0x10de\n");  // a workstation GPU: VGA controller
+  f.put("pci/0000:00:05.0/class", "0x030000\n");
+  f.put("pci/0000:00:02.0/vendor", "0x8086\n");
+  f.put("pci/0000:00:02.0/class", "0x030000\n");
+  for (const char* node : {"nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm", "nvidia-modeset"}) f.put(std::string("dev/") + node, "");
+  f.put("version", "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04\n");
+  NvidiaPresence hw = nvidia_presence(f / "pci", f / "version", f / "dev");
+  CHECK(hw.pci_gpus == 2);
+  CHECK(hw.kernel_module);
+  CHECK(hw.device_nodes == 2);
+  hw = nvidia_presence(f / "none", f / "none", f / "none");
+  CHECK(hw.pci_gpus == 0);
+  CHECK_FALSE(hw.kernel_module);
+  CHECK(hw.device_nodes == 0);
+}
+
+TEST_CASE("doctor: a missing driver is told apart from a GPU this container was not given", "[device][doctor]") {
+  NvidiaPresence gpu_here{1, true, 1};  // on the bus, module loaded, /dev/nvidia0 in this container
+  DoctorCheck c = no_driver_check(gpu_here, false);
+  CHECK(c.status == "fail");
+  CHECK_THAT(c.detail, Contains("libcuda.so.1 is not found"));
+  CHECK_THAT(c.hint, Contains("NVIDIA container runtime"));
+  CHECK_THAT(c.hint, !Contains("dmesg"));  // the module did load
+  CHECK(no_driver_check(gpu_here, true).status == "fail");
+  c = no_driver_check({1, false, 1}, false);
+  CHECK(c.status == "fail");
+  CHECK_THAT(c.detail, Contains("kernel module is not loaded"));
+  // A CPU-only container on a GPU host sees the host's module (and PCI bus) but no device nodes.
+  c = no_driver_check({8, true, 0}, false);
+  CHECK(c.status == "info");
+  CHECK_THAT(c.hint, Contains("--gpus all"));
+  // A GPU host without a driver shows only the PCI device.
+  c = no_driver_check({1, false, 0}, false);
+  CHECK(c.status == "warn");
+  CHECK_THAT(c.detail, Contains("no NVIDIA driver installed"));
+  c = no_driver_check({}, false);
+  CHECK(c.status == "info");
+  CHECK(c.hint.empty());
+
+  CHECK(cpu_only_build_check({1, true, 1}, "1.13.0").status == "warn");
+  CHECK(cpu_only_build_check({1, true, 0}, "1.13.0").status == "info");
+  CHECK(cpu_only_build_check({}, "1.13.0").hint.empty());
+}
+
+TEST_CASE("doctor: CUDA_VISIBLE_DEVICES is blamed only when it hides every GPU of a working driver", "[device][doctor]") {
+  const NvidiaPresence two{2, true, 2};
+  // Slurm and Kubernetes set CUDA_VISIBLE_DEVICES=0: a broken driver is not the variable's fault.
+  DoctorCheck c = gpus_check(0, false, two, "0");
+  CHECK(c.status == "fail");
+  CHECK(c.hint == "see cuda_driver above");
+  CHECK_THAT(c.detail, Contains("CUDA_VISIBLE_DEVICES=0"));
+  // With a working driver, an empty value, -1 and a missing index hide every GPU.
+  for (const char* value : {"", " ", "-1", "2", "5,0", "none"}) {
+    CAPTURE(value);
+    c = gpus_check(0, true, two, value);
+    CHECK(c.status == "fail");
+    CHECK_THAT(c.hint, StartsWith("CUDA_VISIBLE_DEVICES=" + std::string(value) + " hides every GPU"));
+  }
+  // Valid indices and UUIDs are not blamed (UUIDs cannot be checked here: compare with nvidia-smi -L).
+  for (const char* value : {"0", "1", "0,1"}) {
+    CAPTURE(value);
+    CHECK_THAT(gpus_check(0, true, two, value).hint, !Contains("hides every GPU"));
+  }
+  c = gpus_check(0, true, two, "GPU-8f2a1c3e-0000-0000-0000-000000000000");
+  CHECK_THAT(c.hint, !Contains("hides every GPU"));
+  CHECK_THAT(c.hint, Contains("nvidia-smi -L"));
+  c = gpus_check(0, true, two, nullptr);
+  CHECK(c.status == "fail");
+  CHECK_THAT(c.hint, !Contains("CUDA_VISIBLE_DEVICES"));
+  CHECK(gpus_check(2, true, two, "0,1").status == "ok");
+  // No device nodes: nothing was meant to be usable here, whatever the variable says.
+  CHECK(gpus_check(0, false, {}, "").status == "info");
+  CHECK(gpus_check(0, false, {}, "").hint.empty());
+  CHECK(gpus_check(0, false, {4, true, 0}, nullptr).status == "info");
+}
+
+TEST_CASE("doctor: the kernels line and version formats", "[device][doctor]") {
+  const std::vector<std::string> cu130{"sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"};
+  CHECK(kernels_check("gpu0_kernels", 9, 0, cu130).status == "ok");
+  const DoctorCheck v100 = kernels_check("gpu0_kernels", 7, 0, cu130);
+  CHECK(v100.status == "fail");
+  CHECK_THAT(v100.detail, Contains("no kernels for compute capability 7.0"));
+  CHECK_THAT(v100.hint, Contains("sm_70"));
+  CHECK(kernels_check("gpu0_kernels", 10, 0, {"sm_80", "compute_90"}).status == "warn");
+  CHECK(kernels_check("gpu0_kernels", 9, 0, {}).status == "info");
+
+  CHECK(cudnn_version_string(91900) == "9.19.0");
+  CHECK(cudnn_version_string(90100) == "9.1.0");
+  CHECK(cudnn_version_string(8906) == "8.9.6");
+  CHECK(cudnn_version_string(7605) == "7.6.5");
+
+  // Debian's reference BLAS, not just any libblas.so.3 that is not OpenBLAS (BLIS, ATLAS).
+  CHECK(is_reference_blas("generic (/usr/lib/x86_64-linux-gnu/blas/libblas.so.3.11.0)"));
+  CHECK_FALSE(is_reference_blas("generic (/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3)"));
+  CHECK_FALSE(is_reference_blas("generic (/usr/lib/x86_64-linux-gnu/blis-pthread/libblas.so.3)"));
+  CHECK_FALSE(is_reference_blas("generic (/usr/lib/x86_64-linux-gnu/atlas/libblas.so.3.10.3)"));
+  CHECK_FALSE(is_reference_blas("mkl"));
+}
+
+TEST_CASE("doctor: the JSON report parses also with invalid UTF-8 in CUDA_VISIBLE_DEVICES", "[device][doctor]") {
+  // This machine's report: every check ran, and the smoke tests pass here.
+  const std::vector<DoctorCheck> checks = run_doctor();
+  std::set<std::string> names;
+  for (const DoctorCheck& c : checks) names.insert(c.name);
+  for (const char* name : {"libtorch", "cpu", "blas", "smoke_tensor", "smoke_matmul", "smoke_conv"}) {
+    CAPTURE(name);
+    CHECK(names.count(name) == 1);
+  }
+  CHECK(names.count("gpus") + names.count("cuda") == 1);  // a CUDA build's GPU line, or a CPU build's
+  for (const DoctorCheck& c : checks) {
+    CAPTURE(c.name, c.detail);
+    CHECK((c.status == "ok" || c.status == "warn" || c.status == "fail" || c.status == "info"));
+    if (c.name.rfind("smoke_", 0) == 0) CHECK(c.status == "ok");
+  }
+  CHECK(python_accepts_json(doctor_json(checks), "any(c['name'] == 'smoke_conv' and c['status'] == 'ok' for c in d)"));
+
+  // The variable's bytes are shown as \xNN; any other invalid UTF-8 becomes U+FFFD.
+  const DoctorCheck gpus = gpus_check(0, true, {1, true, 1}, "\xff\xfe\"0\n");
+  CHECK_THAT(gpus.detail, Contains("CUDA_VISIBLE_DEVICES=\\xff\\xfe\"0\\x0a"));
+  const std::vector<DoctorCheck> odd{gpus, {"cpu", "info", "caf\xc3\xa9 \xc3\x28 \xed\xa0\x80 \xf0\x9f\x98", ""}};
+  const std::string json = doctor_json(odd);
+  CHECK(python_accepts_json(json, "d[0]['detail'] == '0 visible (CUDA_VISIBLE_DEVICES=\\\\xff\\\\xfe\"0\\\\x0a)'"));
+  CHECK(python_accepts_json(json, "d[1]['detail'] == 'caf\\u00e9 \\ufffd( \\ufffd\\ufffd\\ufffd \\ufffd\\ufffd\\ufffd'"));
 }
