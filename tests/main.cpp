@@ -4,8 +4,13 @@
 #define CATCH_CONFIG_RUNNER
 #include "testing.h"
 
+#include <stdlib.h>
+
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+
+#include "train/files.h"
 
 int ddp_test_worker();
 int cli_test_worker(int argc, char** argv);
@@ -17,5 +22,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "unknown TRAIN_TEST_WORKER '%s'\n", role);
     return 2;
   }
-  return Catch::Session().run(argc, argv);
+  // No test reads or writes the user's cache (~/.cache/train/plans): a plan cached by an earlier
+  // run would turn a probe into a cache hit. Processes the tests start inherit this.
+  char cache[] = "/tmp/train_tests_cache_XXXXXX";
+  if (::mkdtemp(cache) == nullptr || ::setenv("XDG_CACHE_HOME", cache, 1) != 0) {
+    std::perror("train_tests: a temporary XDG_CACHE_HOME");
+    return 2;
+  }
+  const int rc = Catch::Session().run(argc, argv);
+  train::files::remove_all(cache);
+  return rc;
 }

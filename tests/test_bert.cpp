@@ -151,10 +151,7 @@ TEST_CASE("BERT fused and plain attention agree", "[bert]") {
 
 TEST_CASE("cuda: BERT on the GPU: fused attention (SDPA) equals the plain one and the CPU, and bf16 autocast stays "
           "close", "[cuda][bert]") {
-  if (!torch::cuda::is_available()) {
-    WARN("no CUDA device visible: attention on the GPU is checked by scripts/gpu-check on a GPU machine");
-    return;
-  }
+  TRAIN_SKIP_WITHOUT_CUDA("no CUDA device visible: attention on the GPU is checked by scripts/gpu-check on a GPU machine");
   const torch::Device cuda("cuda:0");
   // fp32 matmuls in full precision: an earlier test's plan may have allowed TF32 (10-bit mantissa).
   struct NoTf32 {

@@ -136,13 +136,18 @@ TEST_CASE("cli: a run directory in use by another run is refused before anything
 TEST_CASE("cli: logging.level applies from the start, to the probe and the plan too", "[cli]") {
   TempDir tmp("level");
   const std::string cfg = tmp.write("run.yaml", kSynthetic);
-  const std::vector<std::string> plan{"plan", cfg, "--set", "tuning.batch=scale", "--set", "tuning.max_micro_batch=8"};
+  // A cache of its own: the first plan probes, whatever earlier runs left in a shared cache.
+  const std::vector<std::string> plan{"plan", cfg, "--set", "tuning.batch=scale", "--set", "tuning.max_micro_batch=8",
+                                      "--set", "tuning.cache_dir=" + tmp / "cache"};
   auto with = [&](std::vector<std::string> extra) {
     std::vector<std::string> args = plan;
     args.insert(args.end(), extra.begin(), extra.end());
     return stderr_of([&] { CHECK(cli(args) == train::kExitOk); });
   };
-  CHECK(count_of(with({}), " I] ") > 0);  // the probe or the plan cache says what it did
+  const std::string probed = with({});
+  CHECK_THAT(probed, Catch::Contains(" I] measured in ") && Catch::Contains("probe on cpu at "));
+  // Quiet from the start: neither a probe nor the plan cache says anything.
+  CHECK(count_of(with({"--set", "logging.level=error", "--set", "tuning.max_micro_batch=4"}), " I] ") == 0);
   CHECK(count_of(with({"--set", "logging.level=error"}), " I] ") == 0);
   train::log::set_level(train::log::Level::info);  // the level is the process's; later tests log at info
 }

@@ -30,7 +30,7 @@
 #include "train/errors.h"
 
 // After LibTorch: c10's logging header defines its own CHECK macro, and Catch's must win.
-#include <catch2/catch.hpp>
+#include "testing.h"
 
 using namespace train::data;
 using Catch::Matchers::Contains;
@@ -416,11 +416,10 @@ TEST_CASE("IDX errors name the file and what is wrong", "[data]") {
 }
 
 TEST_CASE("Fashion-MNIST loads through the factory", "[data]") {
-  const std::string root = "/usr/share/datasets/fashion-mnist";
-  if (!is_directory(root)) {
-    WARN("skipped: " << root << " not found");
-    return;
-  }
+  // scripts/setup installs Debian's dataset-fashion-mnist; gpu-check unpacks it elsewhere.
+  const std::string root = TRAIN_FASHION_MNIST_DIR;
+  INFO("Fashion-MNIST directory: " << root);
+  REQUIRE(is_directory(root));
   train::DataConfig config;
   config.kind = "idx";
   config.root = root;
@@ -636,10 +635,7 @@ TEST_CASE("pin_memory pins collated batches when CUDA is available", "[data]") {
   loader.start({0, 0});
   const std::optional<Batch> batch = loader.next();
   REQUIRE(batch.has_value());
-  if (!torch::cuda::is_available()) {
-    WARN("CUDA not available: pin_memory is a no-op here");
-    return;
-  }
+  TRAIN_SKIP_WITHOUT_CUDA("CUDA not available: pin_memory is a no-op here");
   CHECK(batch->input.is_pinned());
   CHECK(batch->target.is_pinned());
   const Batch on_gpu = batch->to(torch::Device(torch::kCUDA), /*non_blocking=*/true);

@@ -904,10 +904,7 @@ TEST_CASE("runs launched by the real torchrun and by mpirun", "[dist][process][l
 }
 
 TEST_CASE("cuda: a one-rank NCCL group all-reduces and GradSync averages gradients on the GPU", "[dist][cuda]") {
-  if (!torch::cuda::is_available()) {
-    WARN("no CUDA device visible: the NCCL path is checked by scripts/gpu-check on a GPU machine");
-    return;
-  }
+  TRAIN_SKIP_WITHOUT_CUDA("no CUDA device visible: the NCCL path is checked by scripts/gpu-check on a GPU machine");
   dist::Env env;
   env.world_size = 1;
   env.master_port = free_port();

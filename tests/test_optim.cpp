@@ -152,10 +152,7 @@ TEST_CASE("optim: AdamW foreach and fused match torch::optim::AdamW", "[optim]")
 }
 
 TEST_CASE("cuda: SGD and AdamW foreach and fused match torch::optim on the GPU, also channels_last", "[cuda][optim]") {
-  if (!torch::cuda::is_available()) {
-    WARN("no CUDA device visible: the GPU optimizer kernels are checked by scripts/gpu-check on a GPU machine");
-    return;
-  }
+  TRAIN_SKIP_WITHOUT_CUDA("no CUDA device visible: the GPU optimizer kernels are checked by scripts/gpu-check on a GPU machine");
   const torch::Device cuda("cuda:0");
   // LibTorch 2.0 has the CUDA _fused_adamw_, 2.3 the CUDA _fused_sgd_.
   for (const std::string name : {"sgd", "adamw"}) {

@@ -252,10 +252,7 @@ TEST_CASE("probe options are validated", "[probe]") {
 }
 
 TEST_CASE("probe_memory on CUDA: prediction, out-of-memory points, state restored", "[probe][cuda]") {
-  if (!torch::cuda::is_available()) {
-    WARN("CUDA is not available; skipping the CUDA memory probe");
-    return;
-  }
+  TRAIN_SKIP_WITHOUT_CUDA("CUDA is not available; skipping the CUDA memory probe");
   auto model = small_resnet();  // stays on the CPU: the probe copies it to the GPU
   const ModelSnapshot before(*model);
   ProbeOptions options = small_resnet_options("cuda:0");

@@ -256,10 +256,7 @@ TEST_CASE("GradScaler: the CPU fallback matches the ATen kernels bit for bit", "
 
 TEST_CASE("cuda: the scaler on the GPU: the ATen CUDA kernels match the CPU fallback, fp16 included, and a step "
           "grows, backs off and skips", "[cuda][amp][scaler]") {
-  if (!torch::cuda::is_available()) {
-    WARN("no CUDA device visible: the CUDA loss-scaling kernels are checked by scripts/gpu-check on a GPU machine");
-    return;
-  }
+  TRAIN_SKIP_WITHOUT_CUDA("no CUDA device visible: the CUDA loss-scaling kernels are checked by scripts/gpu-check on a GPU machine");
   const torch::Device cuda("cuda:0");
   torch::manual_seed(7);
   SECTION("non-finite check and unscale: CUDA kernel against the CPU fallback") {

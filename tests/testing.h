@@ -16,6 +16,19 @@
 #define TRAIN_PYTHON (::train::testing::python())
 #define TRAIN_FASHION_MNIST_DIR (::train::testing::fashion_mnist_dir())
 
+// Ends a test that needs a CUDA device when none is visible: with a warning on a CPU machine (ctest
+// leaves the [cuda] tests out there, tests/CMakeLists.txt), as a failure when TRAIN_REQUIRE_CUDA=1
+// (scripts/gpu-check sets it: on the GPU machine a skipped test would hide a build that cannot
+// see the GPU).
+#define TRAIN_SKIP_WITHOUT_CUDA(why)                                                                \
+  do {                                                                                              \
+    if (!torch::cuda::is_available()) {                                                             \
+      if (::train::testing::cuda_required()) FAIL("TRAIN_REQUIRE_CUDA=1 but no CUDA device is visible"); \
+      WARN(why);                                                                                    \
+      return;                                                                                       \
+    }                                                                                               \
+  } while (false)
+
 namespace train::testing {
 
 // Where the repository, the build, the venv's Python and Fashion-MNIST are (tests/paths.cpp.in).
@@ -23,6 +36,11 @@ const char* source_dir();
 const char* binary_dir();
 const char* python();
 const char* fashion_mnist_dir();
+
+inline bool cuda_required() {
+  const char* v = std::getenv("TRAIN_REQUIRE_CUDA");
+  return v != nullptr && std::string(v) == "1";
+}
 
 // Runs `python tests/python/<script> <args>` with the project's venv interpreter (the oracle
 // packages live there) and returns its exit status. Arguments are passed to the shell as

@@ -215,7 +215,7 @@ MemoryEvidence gather_evidence(const Config& config, const DeviceProfile& device
     }
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  log::info(log::str("probe: ", evidence.source, " in ", seconds, " s"));
+  log::info(log::str("measured in ", log::fixed(seconds, 1), " s: ", evidence.source));
   store_or_warn(cache, key, evidence, scope);
   return evidence;
 }
