@@ -5,7 +5,9 @@ get_filename_component(_train_torch_libdir "${_train_torch_libdir}" REALPATH)
 get_target_property(_train_torch_inc torch INTERFACE_INCLUDE_DIRECTORIES)
 list(GET _train_torch_inc 0 _train_torch_inc0)
 get_filename_component(_train_torch_root "${_train_torch_inc0}/.." REALPATH)
-if(NOT _train_torch_root STREQUAL "/usr" AND NOT _train_torch_libdir MATCHES "^${_train_torch_root}")
+# A path test, not a regex: a root such as /opt/libtorch-2.3.0+cpu holds regex characters.
+cmake_path(IS_PREFIX _train_torch_root "${_train_torch_libdir}" NORMALIZE _train_torch_lib_inside)
+if(NOT _train_torch_root STREQUAL "/usr" AND NOT _train_torch_lib_inside)
   message(FATAL_ERROR
     "LibTorch headers come from ${_train_torch_inc0} but libtorch.so from ${TORCH_LIBRARY}.\n"
     "Point CMAKE_PREFIX_PATH at the LibTorch root (for the pip wheel: "

@@ -26,6 +26,7 @@
 #include <train/text/wordpiece.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <iomanip>
@@ -252,11 +253,18 @@ int baselines(int argc, char** argv) {
     }
     return c;
   };
+  auto total = [](const std::vector<int64_t>& c) {
+    int64_t n = 0;
+    for (int64_t k : c) n += k;
+    return n;
+  };
   const auto train_counts = counts("train.tokens");
   const auto val_counts = counts("val.tokens");
+  for (const auto& [name, c] : {std::make_pair("train.tokens", &train_counts), std::make_pair("val.tokens", &val_counts)}) {
+    if (total(*c) == 0) throw train::DataError(train::files::join(dir, name) + ": no tokens other than special ones");
+  }
   const auto top = std::max_element(train_counts.begin(), train_counts.end()) - train_counts.begin();
-  int64_t val_total = 0;
-  for (int64_t c : val_counts) val_total += c;
+  const int64_t val_total = total(val_counts);
   std::cout << std::fixed << std::setprecision(2) << "MLM most-frequent-token baseline: '" << vocab.token(top) << "' = "
             << 100.0 * static_cast<double>(val_counts[static_cast<size_t>(top)]) / static_cast<double>(val_total)
             << "% of " << val_total << " validation tokens\n";
@@ -264,9 +272,15 @@ int baselines(int argc, char** argv) {
   const auto classes = train::text::read_tsv_classes(train::files::join(dir, "train.tsv"));
   std::map<std::string, int64_t> train_labels, val_labels;
   for (const auto& [name, target] : {std::make_pair("train.tsv", &train_labels), std::make_pair("val.tsv", &val_labels)}) {
-    std::ifstream in(train::files::join(dir, name));
-    for (std::string line; std::getline(in, line);)
-      if (const size_t tab = line.rfind('\t'); tab != std::string::npos) ++(*target)[line.substr(tab + 1)];
+    const std::string path = train::files::join(dir, name);
+    std::ifstream in(path);
+    if (!in) throw train::DataError(path + ": cannot open (" + std::strerror(errno) + ")");
+    for (std::string line; std::getline(in, line);) {
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      const size_t tab = line.rfind('\t');
+      if (tab != std::string::npos && tab + 1 < line.size()) ++(*target)[line.substr(tab + 1)];
+    }
+    if (target->empty()) throw train::DataError(path + ": no rows (text<TAB>category)");
   }
   const auto majority = std::max_element(train_labels.begin(), train_labels.end(),
                                          [](const auto& x, const auto& y) { return x.second < y.second; });

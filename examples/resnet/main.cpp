@@ -2,6 +2,8 @@
 // written out so that a program linking train::train can see each step and change it.
 //
 //   resnet_example [CONFIG] [--set key=value ...]
+//
+// Trains in runs/resnet_example (created when missing; a run killed there continues).
 #include <train/config.h>
 #include <train/errors.h>
 #include <train/log.h>
@@ -9,7 +11,10 @@
 #include <train/trainer.h>
 
 #include <cstring>
+#include <exception>
 #include <iostream>
+#include <string>
+#include <vector>
 
 int main(int argc, char** argv) {
   std::string config_path = "configs/resnet_fashion_mnist.yaml";
@@ -23,6 +28,7 @@ int main(int argc, char** argv) {
   }
   try {
     const train::Config config = train::load_config(config_path, overrides);  // YAML -> typed, validated
+    train::log::set_level(config.logging.level);
     train::RunParts run = train::prepare_run(config);                         // device, model, data, plan
     std::cout << run.plan.to_text();
     train::apply_plan_globals(run.plan);
@@ -31,8 +37,11 @@ int main(int argc, char** argv) {
     std::cout << "top-1 " << 100.0 * result.val.accuracy << "% on " << result.val.samples << " test images after "
               << result.steps << " steps (" << result.seconds << " s)\n";
     return 0;
-  } catch (const train::Error& e) {
+  } catch (const train::Error& e) {  // exit codes as for `train fit` (train/errors.h)
     train::log::error(e.what());
     return e.exit_code();
+  } catch (const std::exception& e) {  // from LibTorch (c10::Error) or the standard library
+    train::log::error(e.what());
+    return train::kExitRuntime;
   }
 }

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -23,6 +24,12 @@ namespace train {
 MetricRecord& MetricRecord::add(const std::string& key, int64_t value) {
   fields_.emplace_back(key, value);
   return *this;
+}
+MetricRecord& MetricRecord::add(const std::string& key, uint64_t value) {
+  if (value > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    return add(key, static_cast<double>(value));  // past int64's range: JSON numbers are doubles anyway
+  }
+  return add(key, static_cast<int64_t>(value));
 }
 MetricRecord& MetricRecord::add(const std::string& key, double value) {
   fields_.emplace_back(key, value);
@@ -82,8 +89,10 @@ std::string MetricRecord::to_json() const {
   return out.str();
 }
 
-JsonlWriter::JsonlWriter(const std::string& path) : out_(path, std::ios::app), path_(path) {
-  if (!out_) throw Error("cannot open metrics file " + path + " for writing");
+JsonlWriter::JsonlWriter(const std::string& path) : path_(path) {
+  files::make_directories(files::parent(path));  // a Trainer given a new run directory creates it
+  out_.open(path, std::ios::app);
+  if (!out_) throw Error("cannot open metrics file " + path + " for writing (" + std::strerror(errno) + ")");
 }
 
 void JsonlWriter::write(const MetricRecord& record) {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <fstream>
 #include <string>
+#include <type_traits>
 #include <variant>
 #include <vector>
 
@@ -14,7 +15,18 @@ class MetricRecord {
  public:
   using Value = std::variant<bool, int64_t, double, std::string>;
   MetricRecord& add(const std::string& key, int64_t value);
-  MetricRecord& add(const std::string& key, int value) { return add(key, static_cast<int64_t>(value)); }
+  // Above int64's range the value is stored as a double (JSON readers parse numbers as doubles).
+  MetricRecord& add(const std::string& key, uint64_t value);
+  // Any other integer type (int, unsigned, size_t, long long, ...): without it, add(key, v.size())
+  // would be ambiguous between the int64_t, double and bool overloads.
+  template <typename T, std::enable_if_t<std::is_integral_v<T> && !std::is_same_v<T, bool>, int> = 0>
+  MetricRecord& add(const std::string& key, T value) {
+    if constexpr (std::is_signed_v<T>) {
+      return add(key, static_cast<int64_t>(value));
+    } else {
+      return add(key, static_cast<uint64_t>(value));
+    }
+  }
   MetricRecord& add(const std::string& key, double value);
   MetricRecord& add(const std::string& key, bool value);
   MetricRecord& add(const std::string& key, const std::string& value);
@@ -32,6 +44,7 @@ class MetricRecord {
 class JsonlWriter {
  public:
   JsonlWriter() = default;
+  // Appends to `path`, creating its directory when missing.
   explicit JsonlWriter(const std::string& path);
   bool is_open() const { return out_.is_open(); }
   void write(const MetricRecord& record);
@@ -80,7 +93,8 @@ uint32_t masked_crc32c(const void* data, size_t size);
 struct LoggingConfig;
 
 // Where the trainer's metric records go: metrics.jsonl (logging.jsonl) and TensorBoard event
-// files (logging.tensorboard) in the run directory. Default-constructed, it drops records.
+// files (logging.tensorboard) in the run directory, which is created when missing.
+// Default-constructed, it drops records.
 class MetricsSink {
  public:
   MetricsSink() = default;

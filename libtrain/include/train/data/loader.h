@@ -12,8 +12,8 @@
 // index, so delivery stays identical for any worker count, and batches keep their size. Each
 // replaced sample counts once per epoch in skipped(), when its batch is first delivered (a batch
 // delivered again after start() rewinds does not count it again); the first few are logged as
-// warnings with the error (which names the file). If no sample of the dataset loads,
-// next() raises the first error.
+// warnings with the error (which names the file). When neither the sample nor any of the 100
+// after it (fewer in a smaller dataset) loads, next() raises the sample's error, saying so.
 #include <train/data/dataset.h>
 
 #include <cstdint>

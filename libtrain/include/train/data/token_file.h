@@ -13,11 +13,11 @@
 //       32     8  u64 vocab_size: every token is < vocab_size
 //       40     8  u64 index_offset = 128 + num_tokens * token_bytes rounded up to a multiple of 8
 //       48     8  u64 checksum: 64-bit FNV-1a of every byte from offset 128 to the end of the file
-//       56     4  u32 pad_id   \
+//       56     4  u32 pad_id    +
 //       60     4  u32 unk_id    |
 //       64     4  u32 cls_id    |  special token ids; 0xFFFFFFFF = not recorded
 //       68     4  u32 sep_id    |
-//       72     4  u32 mask_id  /
+//       72     4  u32 mask_id   +
 //       76    52  reserved, zero
 //      128        the tokens of all documents, back to back: num_tokens x token_bytes
 //                 zero bytes up to index_offset

@@ -1,0 +1,144 @@
+// The library as a program that links train::train uses it (README "Using the library"): the
+// documented flows, run from a fresh directory.
+#include "testing.h"
+
+#include <train/config.h>
+#include <train/data/dataset.h>
+#include <train/device.h>
+#include <train/files.h>
+#include <train/metrics.h>
+#include <train/models/model.h>
+#include <train/plan.h>
+#include <train/trainer.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <vector>
+
+using namespace train;
+
+namespace {
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// A dataset the library does not know: 28x28 images whose brightness is the class.
+class Brightness : public data::Dataset {
+ public:
+  int64_t size() const override { return 40; }
+  data::Example get(int64_t index, uint64_t /*seed*/) const override {
+    const int64_t label = index % 4;
+    return {torch::full({1, 28, 28}, static_cast<float>(label) / 4.0f), torch::tensor(label)};
+  }
+  std::vector<int64_t> input_shape() const override { return {1, 28, 28}; }
+  int64_t num_classes() const override { return 4; }
+  std::string describe() const override { return "brightness (40 samples)"; }
+};
+
+}  // namespace
+
+TEST_CASE("library_use: MetricRecord takes any integer type", "[library_use]") {
+  const std::vector<int> three(3);
+  MetricRecord r;
+  r.add("n", three.size())
+      .add("u", 5u)
+      .add("i", 7)
+      .add("ll", -2LL)
+      .add("big", std::numeric_limits<uint64_t>::max())
+      .add("b", true);
+  CHECK(r.to_json() == R"({"n":3,"u":5,"i":7,"ll":-2,"big":1.84467440737096e+19,"b":true})");
+}
+
+// README: a custom dataset goes through detect_device + make_plan + finalize_schedule + Trainer.
+TEST_CASE("library_use: a custom dataset trains into a run directory that does not exist yet", "[library_use]") {
+  const std::string tmp = files::make_temp_directory("train_test_library_use_");
+  const std::string run_dir = files::join(tmp, "runs/custom");
+  const Config config = parse_config(
+      "model: {name: mlp, in_channels: 1, num_classes: 4}\n"
+      "data: {kind: synthetic, workers: 1}\n"  // only the loader settings apply to a dataset of one's own
+      "trainer: {global_batch: 8, max_steps: 3, device: cpu}\n",
+      "library_use.yaml");
+  const auto train_set = std::make_shared<Brightness>();
+  const DeviceProfile device = detect_device(config.trainer.device);
+  models::ModelPtr model = models::make_model(config.model);
+  PlanInputs inputs;
+  inputs.model_params = models::count_parameters(*model);
+  inputs.convolutional = model->is_convolutional();
+  Plan plan = make_plan(config, device, inputs);
+  finalize_schedule(plan, config, train_set->size());
+  Trainer trainer(config, plan, model, train_set, train_set, run_dir);
+  const FitResult result = trainer.fit();
+  CHECK(result.steps == 3);
+  CHECK(result.val.samples == 40);
+  const std::string metrics = read_text(files::join(run_dir, "metrics.jsonl"));
+  CHECK(metrics.find("\"step\":3") != std::string::npos);
+  CHECK_FALSE(files::list_directory(files::join(run_dir, "checkpoints")).empty());
+  files::remove_all(tmp);
+}
+
+// examples/resnet/main.cpp, the README's snippet written out, run where nothing exists yet.
+TEST_CASE("library_use: resnet_example trains from an empty directory", "[library_use][process]") {
+  const std::string example = std::string(TRAIN_BINARY_DIR) + "/bin/resnet_example";
+  if (!files::is_regular_file(example)) FAIL(example + " is missing (TRAIN_BUILD_EXAMPLES=OFF?)");
+  const std::string tmp = files::make_temp_directory("train_test_resnet_example_");
+  {
+    std::ofstream config(files::join(tmp, "tiny.yaml"));
+    config << "model: {name: resnet18, in_channels: 1, width: 0.125, small_input: true}\n"
+              "data: {kind: synthetic, channels: 1, image_size: 16, synthetic_train_samples: 16,"
+              " synthetic_val_samples: 8}\n"
+              "trainer: {global_batch: 4, max_steps: 2, device: cpu}\n"
+              "tuning: {probe: false}\n"
+              "logging: {level: warn}\n";
+  }
+  const std::string log = files::join(tmp, "out.log");
+  const std::string command = "cd '" + tmp + "' && '" + example + "' tiny.yaml --set tuning.cache_dir='" +
+                              files::join(tmp, "plans") + "' > '" + log + "' 2>&1";
+  const int status = std::system(command.c_str());
+  INFO(read_text(log));
+  REQUIRE(status != -1);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(files::is_regular_file(files::join(tmp, "runs/resnet_example/metrics.jsonl")));
+  CHECK(read_text(log).find("top-1 ") != std::string::npos);
+  files::remove_all(tmp);
+}
+
+// examples/bert/main.cpp: a split without rows is bad data naming the file (exit 1), not a crash
+// or a NaN baseline.
+TEST_CASE("library_use: bert_example baselines rejects an empty TSV split", "[library_use][process]") {
+  const std::string example = std::string(TRAIN_BINARY_DIR) + "/bin/bert_example";
+  if (!files::is_regular_file(example)) FAIL(example + " is missing (TRAIN_BUILD_EXAMPLES=OFF?)");
+  const std::string tmp = files::make_temp_directory("train_test_bert_baselines_");
+  std::ofstream(files::join(tmp, "vocab.txt")) << "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nhello\nworld\n";
+  std::ofstream(files::join(tmp, "corpus.txt")) << "hello world\nworld\n";
+  const std::string log = files::join(tmp, "out.log");
+  auto run = [&](const std::string& args) {
+    const std::string command = "cd '" + tmp + "' && '" + example + "' " + args + " > '" + log + "' 2>&1";
+    const int status = std::system(command.c_str());
+    return status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  };
+  REQUIRE(run("pretokenize --vocab vocab.txt --out train.tokens corpus.txt") == 0);
+  files::copy_file(files::join(tmp, "train.tokens"), files::join(tmp, "val.tokens"));
+  for (const std::string empty : {"train.tsv", "val.tsv"}) {
+    std::ofstream(files::join(tmp, "train.tsv")) << (empty == "train.tsv" ? "" : "hello\tart\n");
+    std::ofstream(files::join(tmp, "val.tsv")) << (empty == "val.tsv" ? "" : "world\tart\n");
+    const int rc = run("baselines --data .");
+    const std::string said = read_text(log);
+    INFO("empty " << empty << ": " << said);
+    CHECK(rc == 1);
+    CHECK(said.find(empty + ": no rows") != std::string::npos);
+  }
+  std::ofstream(files::join(tmp, "train.tsv")) << "hello\tart\n";
+  std::ofstream(files::join(tmp, "val.tsv")) << "world\tart\n";
+  CHECK(run("baselines --data .") == 0);
+  CHECK(read_text(log).find("'art' = 100.00% of 1 validation texts") != std::string::npos);
+  files::remove_all(tmp);
+}
