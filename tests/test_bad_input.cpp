@@ -335,7 +335,6 @@ void run_case(const Case& c) {
   const std::string diff = tree_diff(before, tree(dir.path));
   INFO("the command changed its directory:\n" << diff);
   CHECK(diff.empty());
-  CHECK(seconds < 30);
   files::remove_all(dir.path);
   files::remove_all(logs);
   (void)s;
@@ -969,7 +968,7 @@ TEST_CASE("bad_input: a finished run's directory is left unchanged", "[bad_input
          finished_run(d);
          return Invocation{{"fit", "cfg.yaml", "--run-dir", "run"}, {"run", "already holds checkpoints"}};
        }},
-      {"--resume auto with a garbage newest checkpoint", kExitConfig,
+      {"--resume naming a garbage checkpoint", kExitConfig,
        [&](const CaseDir& d) {
          finished_run(d);
          d.write("run/checkpoints/step_00000002.pt", "garbage");
