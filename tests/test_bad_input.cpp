@@ -413,6 +413,11 @@ TEST_CASE("bad_input: malformed configs exit 2 naming the file line:column and k
        }},
       {"zero learning rate", kExitConfig,
        [&](const CaseDir& d) { return fit(d, base + "optim: {lr: 0}\n", {"cfg.yaml:15:13", "optim.lr", "> 0"}); }},
+      {"data.kind custom (a library program's datasets) in the train command", kExitConfig,
+       [&](const CaseDir& d) {
+         return fit(d, replace(base, "kind: idx", "kind: custom"),
+                    {"cfg.yaml:6:9", "data.kind", "'custom' names datasets that a program linking train::train passes"});
+       }},
       {"negative loader workers", kExitConfig,
        [&](const CaseDir& d) {
          return fit(d, replace(base, "workers: 0", "workers: -3"), {"cfg.yaml:8:12", "data.workers", "[-1, 1024]"});

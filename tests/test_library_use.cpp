@@ -5,10 +5,12 @@
 #include <train/config.h>
 #include <train/data/dataset.h>
 #include <train/device.h>
+#include <train/errors.h>
 #include <train/files.h>
 #include <train/metrics.h>
 #include <train/models/model.h>
 #include <train/plan.h>
+#include <train/run.h>
 #include <train/trainer.h>
 
 #include <cstdint>
@@ -57,30 +59,38 @@ TEST_CASE("library_use: MetricRecord takes any integer type", "[library_use]") {
   CHECK(r.to_json() == R"({"n":3,"u":5,"i":7,"ll":-2,"big":1.84467440737096e+19,"b":true})");
 }
 
-// README: a custom dataset goes through detect_device + make_plan + finalize_schedule + Trainer.
+// README: a dataset of one's own goes in through RunOptions, with data.kind: custom.
 TEST_CASE("library_use: a custom dataset trains into a run directory that does not exist yet", "[library_use]") {
   const std::string tmp = files::make_temp_directory("train_test_library_use_");
   const std::string run_dir = files::join(tmp, "runs/custom");
   const Config config = parse_config(
       "model: {name: mlp, in_channels: 1, num_classes: 4}\n"
-      "data: {kind: synthetic, workers: 1}\n"  // only the loader settings apply to a dataset of one's own
-      "trainer: {global_batch: 8, max_steps: 3, device: cpu}\n",
+      "data: {kind: custom, workers: 1}\n"  // only the loader settings apply to a dataset of one's own
+      "trainer: {global_batch: 8, max_steps: 3, device: cpu}\n"
+      "tuning: {batch: scale, max_micro_batch: 8, cache_dir: " + files::join(tmp, "cache") + "}\n",
       "library_use.yaml");
-  const auto train_set = std::make_shared<Brightness>();
-  const DeviceProfile device = detect_device(config.trainer.device);
-  models::ModelPtr model = models::make_model(config.model);
-  PlanInputs inputs;
-  inputs.model_params = models::count_parameters(*model);
-  inputs.convolutional = model->is_convolutional();
-  Plan plan = make_plan(config, device, inputs);
-  finalize_schedule(plan, config, train_set->size());
-  Trainer trainer(config, plan, model, train_set, train_set, run_dir);
+  RunOptions options;
+  options.train_data = std::make_shared<Brightness>();
+  options.val_data = options.train_data;
+  const RunParts run = prepare_run(config, options);
+  CHECK(run.train == options.train_data);
+  CHECK(run.plan.memory.source.find("probe on cpu") != std::string::npos);  // the probe ran on the program's data
+  apply_plan_globals(run.plan);
+  Trainer trainer(config, run.plan, run.model, run.train, run.val, run_dir);
   const FitResult result = trainer.fit();
   CHECK(result.steps == 3);
   CHECK(result.val.samples == 40);
   const std::string metrics = read_text(files::join(run_dir, "metrics.jsonl"));
   CHECK(metrics.find("\"step\":3") != std::string::npos);
   CHECK_FALSE(files::list_directory(files::join(run_dir, "checkpoints")).empty());
+
+  // Without datasets from the program, the kind is an error that says what it means.
+  try {
+    prepare_run(config);
+    FAIL("prepare_run accepted data.kind custom without datasets");
+  } catch (const ConfigError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("key 'data.kind': 'custom'") && Catch::Contains("RunOptions::train_data"));
+  }
   files::remove_all(tmp);
 }
 

@@ -240,7 +240,10 @@ std::vector<Key> build_schema() {
             "attention, auto = fused where available")
           .one_of({"auto", "fused", "plain"}),
 
-      data("kind", &D::kind, "dataset kind").one_of({"idx", "synthetic", "image_folder", "tokens", "tsv"}),
+      data("kind", &D::kind,
+           "dataset kind; custom = datasets a program that links train::train passes to prepare_run "
+           "(RunOptions::train_data), not available to the train command")
+          .one_of({"idx", "synthetic", "image_folder", "tokens", "tsv", "custom"}),
       data("root", &D::root,
            "directory with the dataset files (required when kind is idx or image_folder)"),
       data("train_images", &D::train_images, "idx: training images file in root; .gz is tried too"),

@@ -275,8 +275,13 @@ RunParts prepare_run(const Config& config, const RunOptions& options) {
   std::vector<int64_t> shape;
   int64_t num_classes = config.model.num_classes;
   try {
-    r.train = data::make_dataset(config.data, data::Split::Train);
-    r.val = data::make_dataset(config.data, data::Split::Val);
+    if (options.train_data) {
+      r.train = options.train_data;
+      r.val = options.val_data;
+    } else {
+      r.train = data::make_dataset(config.data, data::Split::Train);
+      r.val = data::make_dataset(config.data, data::Split::Val);
+    }
     shape = r.train->input_shape();
     num_classes = r.train->num_classes();
   } catch (const DataError& e) {

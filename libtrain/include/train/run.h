@@ -37,6 +37,12 @@ struct RunOptions {
   // from the config (model.in_channels x data.image_size^2), train/val stay null and the
   // schedule length is known only from trainer.max_steps.
   bool data_optional = false;
+  // A program's own datasets (classes derived from data::Dataset), used instead of building them
+  // from the config's data section (`data.kind: custom` says so in the YAML; of that section only
+  // the loader settings then apply). val may stay null. The probe, the plan cache and the checks
+  // of the model against the data work as for the built-in kinds.
+  data::DatasetPtr train_data;
+  data::DatasetPtr val_data;
 };
 
 // Seeds LibTorch's generator from trainer.seed before building the model, so that the

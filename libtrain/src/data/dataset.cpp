@@ -469,6 +469,11 @@ DatasetPtr make_dataset(const DataConfig& config, Split split) {
   if (config.kind == "image_folder") return make_image_folder(config, split);
   if (config.kind == "tokens") return make_tokens(config, split);
   if (config.kind == "tsv") return text::make_tsv_dataset(config, split == Split::Train);
+  if (config.kind == "custom") {
+    throw ConfigError("key 'data.kind': 'custom' names datasets that a program linking train::train passes to "
+                      "prepare_run (RunOptions::train_data); the train command has none. Use idx, image_folder, "
+                      "tokens, tsv or synthetic");
+  }
   throw ConfigError("data.kind: unknown kind '" + config.kind +
                     "' (expected idx | synthetic | image_folder | tokens | tsv)");
 }
