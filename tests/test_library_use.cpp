@@ -59,6 +59,17 @@ TEST_CASE("library_use: MetricRecord takes any integer type", "[library_use]") {
   CHECK(r.to_json() == R"({"n":3,"u":5,"i":7,"ll":-2,"big":1.84467440737096e+19,"b":true})");
 }
 
+TEST_CASE("library_use: json_quote escapes and keeps JSON valid UTF-8", "[library_use]") {
+  CHECK(json_quote("a\"b\\c\n\x01") == "\"a\\\"b\\\\c\\n\\u0001\"");
+  CHECK(json_quote("caf\xc3\xa9 \xe2\x82\xac") == "\"caf\xc3\xa9 \xe2\x82\xac\"");  // valid UTF-8 kept
+  // A Latin-1 byte, a lone continuation byte, a cut-off sequence, an overlong '/', a surrogate.
+  CHECK(json_quote("caf\xe9") == "\"caf\xef\xbf\xbd\"");
+  CHECK(json_quote("\x80x") == "\"\xef\xbf\xbdx\"");
+  CHECK(json_quote("\xe2\x82") == "\"\xef\xbf\xbd\xef\xbf\xbd\"");
+  CHECK(json_quote("\xc0\xaf") == "\"\xef\xbf\xbd\xef\xbf\xbd\"");
+  CHECK(json_quote("\xed\xa0\x80") == "\"\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\"");
+}
+
 // README: a dataset of one's own goes in through RunOptions, with data.kind: custom.
 TEST_CASE("library_use: a custom dataset trains into a run directory that does not exist yet", "[library_use]") {
   const std::string tmp = files::make_temp_directory("train_test_library_use_");

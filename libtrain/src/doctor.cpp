@@ -13,6 +13,7 @@
 #include "train/device.h"
 #include "train/files.h"
 #include "train/metrics.h"
+#include "utf8.h"
 
 #ifdef TRAIN_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -55,50 +56,10 @@ void guarded(std::vector<DoctorCheck>& checks, const std::string& name, const st
   }
 }
 
-// The length of the valid UTF-8 sequence at text[i], 0 when it is not one.
-size_t utf8_sequence(const std::string& text, size_t i) {
-  const auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
-  const unsigned char c = byte(i);
-  if (c < 0x80) return 1;
-  size_t n = 0;
-  unsigned char low = 0x80, high = 0xbf;  // the range of the second byte (excludes overlongs, surrogates)
-  if (c >= 0xc2 && c <= 0xdf) n = 2;
-  else if (c == 0xe0) n = 3, low = 0xa0;
-  else if (c >= 0xe1 && c <= 0xec) n = 3;
-  else if (c == 0xed) n = 3, high = 0x9f;
-  else if (c >= 0xee && c <= 0xef) n = 3;
-  else if (c == 0xf0) n = 4, low = 0x90;
-  else if (c >= 0xf1 && c <= 0xf3) n = 4;
-  else if (c == 0xf4) n = 4, high = 0x8f;
-  else return 0;
-  if (i + n > text.size()) return 0;
-  if (byte(i + 1) < low || byte(i + 1) > high) return 0;
-  for (size_t k = 2; k < n; ++k) {
-    if (byte(i + k) < 0x80 || byte(i + k) > 0xbf) return 0;
-  }
-  return n;
-}
-
-// `text` with every byte that is not part of valid UTF-8 replaced by `bad(byte)`.
-std::string repair_utf8(const std::string& text, const std::function<std::string(unsigned char)>& bad) {
-  std::string out;
-  for (size_t i = 0; i < text.size();) {
-    const size_t n = utf8_sequence(text, i);
-    if (n == 0) {
-      out += bad(static_cast<unsigned char>(text[i]));
-      ++i;
-    } else {
-      out.append(text, i, n);
-      i += n;
-    }
-  }
-  return out;
-}
-
 // An environment variable's value for a report line: invalid UTF-8 and control characters as \xNN.
 std::string printable(const std::string& value) {
   std::string out;
-  for (char c : repair_utf8(value, [](unsigned char b) {
+  for (char c : detail::repair_utf8(value, [](unsigned char b) {
          char buf[8];
          std::snprintf(buf, sizeof(buf), "\\x%02x", b);
          return std::string(buf);
@@ -387,14 +348,12 @@ std::string doctor_text(const std::vector<DoctorCheck>& checks) {
 }
 
 std::string doctor_json(const std::vector<DoctorCheck>& checks) {
-  const auto valid = [](const std::string& text) {
-    return repair_utf8(text, [](unsigned char) { return std::string("\xef\xbf\xbd"); });  // U+FFFD
-  };
   std::string out = "[";
   for (size_t i = 0; i < checks.size(); ++i) {
     MetricRecord r;
-    r.add("name", valid(checks[i].name)).add("status", valid(checks[i].status)).add("detail", valid(checks[i].detail))
-        .add("hint", valid(checks[i].hint));
+    // json_quote turns bytes that are not UTF-8 (a CUDA_VISIBLE_DEVICES of any bytes) into U+FFFD.
+    r.add("name", checks[i].name).add("status", checks[i].status).add("detail", checks[i].detail)
+        .add("hint", checks[i].hint);
     out += (i ? "," : "") + r.to_json();
   }
   return out + "]";

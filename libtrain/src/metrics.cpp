@@ -18,6 +18,7 @@
 #include "train/config.h"
 #include "train/errors.h"
 #include "train/files.h"
+#include "utf8.h"
 
 namespace train {
 
@@ -44,7 +45,9 @@ MetricRecord& MetricRecord::add(const std::string& key, const std::string& value
   return *this;
 }
 
-std::string json_quote(const std::string& s) {
+std::string json_quote(const std::string& text) {
+  // JSON is UTF-8: a byte that is not part of valid UTF-8 (a path in another encoding) becomes U+FFFD.
+  const std::string s = detail::repair_utf8(text, [](unsigned char) { return std::string("\xef\xbf\xbd"); });
   std::string out = "\"";
   for (unsigned char c : s) {
     switch (c) {

@@ -123,7 +123,7 @@ class Meter {
 
 // "1h02m", "3m12s", "8.1s"
 std::string format_duration(double seconds);
-// JSON string escaping (quotes included).
+// JSON string escaping (quotes included); bytes that are not valid UTF-8 become U+FFFD.
 std::string json_quote(const std::string& s);
 
 }  // namespace train
