@@ -23,6 +23,7 @@
 #include <train/trainer.h>
 
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -89,7 +90,24 @@ class TestMlp : public models::Model {
   bool hang_ = false;
 };
 
+// BatchNorm on the input, then a linear layer: its running statistics follow the data alone (not
+// the weights), so a test can say what each rank's must be.
+class TestInputNorm : public models::Model {
+ public:
+  TestInputNorm(int64_t channels, int64_t classes)
+      : bn_(register_module("bn", torch::nn::BatchNorm2d(channels))),
+        fc_(register_module("fc", torch::nn::Linear(channels * 8 * 8, classes))) {}
+  torch::Tensor forward(const torch::Tensor& x) override { return fc_(bn_(x).flatten(1)); }
+
+ private:
+  torch::nn::BatchNorm2d bn_;
+  torch::nn::Linear fc_;
+};
+
 void register_test_models() {
+  models::register_model("test_input_norm", [](const ModelConfig& c) {
+    return std::make_shared<TestInputNorm>(c.in_channels, c.num_classes);
+  }, "BatchNorm on 8x8 inputs, then a linear layer");
   models::register_model("test_mlp", [](const ModelConfig& c) {
     return std::make_shared<TestMlp>(c.in_channels * 8 * 8, c.num_classes, false);
   }, "test MLP for 8x8 inputs");
@@ -112,19 +130,24 @@ std::string write_config(const std::string& dir, const std::string& name, const 
   return path;
 }
 
-// One rank (or a single process): trains and returns every parameter.
-std::vector<torch::Tensor> train_once(const std::string& config_path, const dist::Env& env, FitResult* out = nullptr) {
+// One rank (or a single process): trains and returns every parameter (and in `buffers`, when
+// given, every buffer). with_val false: no validation set, so no evaluation.
+std::vector<torch::Tensor> train_once(const std::string& config_path, const dist::Env& env, FitResult* out = nullptr,
+                                      std::vector<torch::Tensor>* buffers = nullptr, bool with_val = true) {
   register_test_models();
   const Config config = load_config(config_path);
   RunOptions options;
   options.env = env;
   RunParts run = prepare_run(config, options);
   apply_plan_globals(run.plan);
-  Trainer trainer(config, run.plan, run.model, run.train, run.val, "", run.group);
+  Trainer trainer(config, run.plan, run.model, run.train, with_val ? run.val : nullptr, "", run.group);
   const FitResult result = trainer.fit();
   if (out) *out = result;
   std::vector<torch::Tensor> params;
   for (const auto& p : run.model->parameters()) params.push_back(p.detach().clone());
+  if (buffers) {
+    for (const auto& b : run.model->buffers()) buffers->push_back(b.detach().clone());
+  }
   return params;
 }
 
@@ -238,6 +261,7 @@ std::vector<Proc> start_ranks(const std::string& dir, const std::string& config,
     env["TRAIN_TEST_WORKER"] = "ddp";
     env["TRAIN_TEST_CONFIG"] = config;
     env["TRAIN_TEST_OUT"] = files::join(dir, "params.rank" + std::to_string(r) + ".pt");
+    env["TRAIN_TEST_BUFFERS_OUT"] = files::join(dir, "buffers.rank" + std::to_string(r) + ".pt");
     env["RANK"] = std::to_string(r);
     env["LOCAL_RANK"] = std::to_string(r);
     env["WORLD_SIZE"] = std::to_string(world);
@@ -288,8 +312,15 @@ int ddp_test_worker() {
   try {
     const dist::Env env = dist::detect_env();
     log::set_rank(static_cast<int>(env.rank));
-    const auto params = train_once(std::getenv("TRAIN_TEST_CONFIG"), env);
+    // TRAIN_TEST_BUFFERS_OUT: also save the buffers there; TRAIN_TEST_NO_VAL=1: train without
+    // the validation set.
+    const char* buffers_out = std::getenv("TRAIN_TEST_BUFFERS_OUT");
+    const char* no_val = std::getenv("TRAIN_TEST_NO_VAL");
+    std::vector<torch::Tensor> buffers;
+    const auto params = train_once(std::getenv("TRAIN_TEST_CONFIG"), env, nullptr, &buffers,
+                                   no_val == nullptr || std::string(no_val) != "1");
     torch::save(params, std::getenv("TRAIN_TEST_OUT"));
+    if (buffers_out != nullptr) torch::save(buffers, buffers_out);
     return 0;
   } catch (const Error& e) {
     std::fprintf(stderr, "worker error: %s\n", e.what());
@@ -418,6 +449,69 @@ TEST_CASE("a parameter without a gradient is named, or tolerated when the config
   files::remove_all(dir);
 }
 
+TEST_CASE("distributed.broadcast_buffers: rank 0's BatchNorm statistics before every step and evaluation or none",
+          "[dist][process]") {
+  // Solid images, unshuffled: rank r reads samples r, r + 2, ..., so rank 0 sees only value 45 and
+  // rank 1 only 145 (even and odd file numbers). A BatchNorm on the input then has running mean
+  // m(t) = 0.9 m(t - 1) + 0.1 c (momentum 0.1, from 0) for the value c of the batch it normalises.
+  const std::string dir = files::make_temp_directory("train_ddp_buffers_");
+  const std::string root = files::join(dir, "images");
+  for (const char* split : {"train/a", "train/b", "val/a", "val/b"}) {
+    files::make_directories(files::join(root, split));
+    for (int i = 0; i < 16; ++i) {
+      char name[16];
+      std::snprintf(name, sizeof(name), "/%02d.png", i);
+      write_png(files::join(root, split) + name, 16, i % 2 == 0 ? 1 : 5);  // 20 + 25 * shade
+    }
+  }
+  const double c0 = 45.0 / 255.0, c1 = 145.0 / 255.0;
+  auto run = [&](const std::string& name, const std::string& broadcast, bool with_val) {
+    const std::string config = files::join(dir, name + ".yaml");
+    std::ofstream(config) << "model: {name: test_input_norm, in_channels: 3, num_classes: 2}\n"
+                             "data: {kind: image_folder, root: " << root << ", image_size: 8, shuffle: false,"
+                             " workers: 0}\n"
+                             "optim: {name: sgd, lr: 0.1}\n"
+                             "trainer: {global_batch: 8, max_steps: 3, device: cpu, threads: 1}\n"
+                             "tuning: {micro_batch: 4}\n"
+                             "logging: {tensorboard: false}\n"
+                             "distributed: {timeout_s: 60, broadcast_buffers: " << broadcast << "}\n";
+    const std::string out = files::make_temp_directory(files::join(dir, name + "_"));
+    auto procs = start_ranks(out, config, 2, {{"TRAIN_TEST_NO_VAL", with_val ? "0" : "1"}});
+    for (const auto& p : procs) {
+      const int rc = wait_for(p, 300);
+      INFO(slurp(p.log));
+      REQUIRE(rc == 0);
+    }
+    std::vector<torch::Tensor> means;
+    for (int r = 0; r < 2; ++r) {
+      const auto buffers = load_params(files::join(out, "buffers.rank" + std::to_string(r) + ".pt"));
+      REQUIRE(buffers.size() == 3);  // running_mean, running_var, num_batches_tracked
+      REQUIRE(buffers[0].numel() == 3);
+      CHECK(buffers[2].item<int64_t>() == 3);
+      means.push_back(buffers[0].to(torch::kDouble));
+    }
+    return means;
+  };
+  // The largest distance of a running mean's channels from `expected`.
+  auto gap = [](const torch::Tensor& mean, double expected) { return (mean - expected).abs().max().item<double>(); };
+  const double after_3 = 1.0 - 0.9 * 0.9 * 0.9, after_2 = 1.0 - 0.9 * 0.9;
+
+  SECTION("true: copied before each step, so rank 1 keeps only its last step's batch; evaluation copies again") {
+    const auto steps = run("broadcast", "true", false);
+    CHECK(gap(steps[0], after_3 * c0) < 1e-5);
+    CHECK(gap(steps[1], 0.9 * after_2 * c0 + 0.1 * c1) < 1e-5);  // rank 0's after step 2, then its own step 3
+    const auto evaluated = run("broadcast_eval", "true", true);
+    CHECK(gap(evaluated[0], after_3 * c0) < 1e-5);
+    CHECK(torch::equal(evaluated[0], evaluated[1]));
+  }
+  SECTION("false: each rank keeps its own statistics, through evaluation too") {
+    const auto own = run("own", "false", true);
+    CHECK(gap(own[0], after_3 * c0) < 1e-5);
+    CHECK(gap(own[1], after_3 * c1) < 1e-5);
+  }
+  files::remove_all(dir);
+}
+
 TEST_CASE("when a rank dies or hangs, the others exit non-zero within the timeout", "[dist][process][timing]") {
   const std::string dir = files::make_temp_directory("train_ddp_dead_");
   const std::string config = write_config(dir, "dead", "distributed: {timeout_s: 5}\n");
@@ -502,6 +596,86 @@ TEST_CASE("ranks that resume from different steps stop with the reason", "[dist]
   }
   for (const auto& p : ranks) {
     if (running(p.pid)) kill_and_reap(p);
+  }
+  files::remove_all(dir);
+}
+
+TEST_CASE("a 1-rank checkpoint resumed by train launch --nproc 2: a warning and the same place in the data",
+          "[dist][process][resume][cli]") {
+  const std::string dir = files::make_temp_directory("train_ddp_resume_ranks_");
+  const std::string config = files::join(dir, "run.yaml");
+  std::ofstream(config) << "model: {name: mlp, in_channels: 1, num_classes: 10}\n"
+                           "data: {kind: synthetic, channels: 1, image_size: 28, synthetic_train_samples: 256,"
+                           " synthetic_val_samples: 32, workers: 0}\n"
+                           "optim: {name: sgd, lr: 0.05, momentum: 0.9}\n"
+                           "trainer: {global_batch: 16, max_steps: 4, device: cpu, threads: 1}\n"
+                           "checkpoint: {every_steps: 1, keep_last: 10}\n"
+                           "distributed: {timeout_s: 60}\n"
+                           "logging: {tensorboard: false}\n";
+  auto run = [&](const std::vector<std::string>& args, const std::string& name) {
+    auto p = spawn(args, {}, files::join(dir, name + ".log"));
+    const int rc = wait_for(p, 300);
+    if (rc == -1) kill_and_reap(p);
+    return std::make_pair(rc, slurp(p.log));
+  };
+  const std::string checkpoints = files::join(dir, "resumed/checkpoints");
+
+  SECTION("more ranks than wrote it: a warning naming both counts and the position, then the 1-rank result") {
+    const auto [rc_whole, out_whole] = run({kTrain, "fit", config, "--run-dir", files::join(dir, "whole")}, "whole");
+    INFO(out_whole);
+    REQUIRE(rc_whole == 0);
+    // The 1-rank run's step-2 checkpoint (a shorter first run would have had another LR schedule).
+    files::make_directories(checkpoints);
+    for (const std::string suffix : {"", ".crc32c"}) {
+      files::copy_file(checkpoint_path(files::join(dir, "whole/checkpoints"), 2) + suffix,
+                       checkpoint_path(checkpoints, 2) + suffix);
+    }
+    const auto [rc, out] = run({kTrain, "launch", "--nproc", "2", config, "--run-dir", files::join(dir, "resumed"),
+                                "--resume", "auto"},
+                               "launch");
+    INFO(out);
+    REQUIRE(rc == 0);
+    // 2 steps of 16 samples: sample 32 of epoch 0, 16 per rank.
+    CHECK_THAT(out, Catch::Contains(checkpoint_path(checkpoints, 2) +
+                                    " was written by a run on 1 rank(s); continuing on 2 at the same place in the data"
+                                    " (sample 32 of epoch 0), but the result will not be bit for bit the one of an"
+                                    " uninterrupted run"));
+    CHECK_THAT(out, !Catch::Contains("other settings"));  // the same settings: only the rank count changed
+    CHECK_THAT(out, Catch::Contains("parameters identical on all 2 ranks"));
+    // Steps 3 and 4 took the samples the 1-rank run took there: its weights, up to summation order.
+    const Config c = load_config(config);
+    auto weights = [&](const std::string& path) {
+      RunParts parts = prepare_run(c);
+      load_checkpoint(path, *parts.model, nullptr);
+      std::vector<torch::Tensor> out;
+      for (const auto& t : parts.model->parameters()) out.push_back(t.detach().clone());
+      return out;
+    };
+    const auto whole = weights(checkpoint_path(files::join(dir, "whole/checkpoints"), 4));
+    const auto resumed = weights(checkpoint_path(checkpoints, 4));
+    const auto started_at_0 = weights(checkpoint_path(files::join(dir, "whole/checkpoints"), 2));
+    INFO("max |1 rank - resumed on 2| = " << max_abs_diff(whole, resumed));
+    CHECK(max_abs_diff(whole, resumed) < 1e-5);
+    CHECK(max_abs_diff(whole, started_at_0) > 1e-3);  // the comparison can tell steps apart
+  }
+  SECTION("a position that does not divide among the ranks: exit 2 naming it, the checkpoint kept") {
+    const auto [rc_first, out_first] = run({kTrain, "fit", config, "--run-dir", files::join(dir, "resumed"), "--set",
+                                            "trainer.max_steps=1", "--set", "trainer.global_batch=3"},
+                                           "first");
+    INFO(out_first);
+    REQUIRE(rc_first == 0);
+    const auto before = files::list_directory(checkpoints);
+    // 3 samples of the epoch read: 1.5 per rank on 2 ranks.
+    const auto [rc, out] = run({kTrain, "launch", "--nproc", "2", config, "--run-dir", files::join(dir, "resumed"),
+                                "--resume", "auto", "--set", "trainer.global_batch=4"},
+                               "launch");
+    INFO(out);
+    CHECK(rc == 2);
+    CHECK_THAT(out, Catch::Contains(checkpoint_path(checkpoints, 1) +
+                                    ": its data position (3 samples of the epoch over 1 ranks) does not divide among"
+                                    " 2 ranks"));
+    CHECK(files::list_directory(checkpoints) == before);
+    CHECK(files::exists(checkpoint_path(checkpoints, 1)));
   }
   files::remove_all(dir);
 }

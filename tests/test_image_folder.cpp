@@ -17,6 +17,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -332,6 +333,159 @@ TEST_CASE("random_resized_crop_box follows torchvision's rules", "[data][image_f
     CHECK(wide.height == 10);
     CHECK(wide.width == 13);  // round(10 * 4 / 3)
     CHECK(wide.left == (1000 - 13) / 2);
+  }
+}
+
+// torchvision's RandomResizedCrop.get_params is the reference (tests/python/random_resized_crop_oracle.py).
+// Same draws: get_params is fed the very uniforms and integers random_resized_crop_box takes from
+// SplitMix64(seed), so every box must be equal, whatever the shape (strips of 1 pixel, boxes that
+// fit only at the tenth attempt, the fallback). Distributions: torch's own generator against
+// SplitMix64, 20000 boxes each: the area fraction and the log aspect ratio (two-sample
+// Kolmogorov-Smirnov distance) and how often the fallback is taken.
+TEST_CASE("random_resized_crop_box draws the boxes of torchvision's RandomResizedCrop.get_params",
+          "[data][image_folder][python][oracle]") {
+  TempDir dir;
+  struct Case {
+    uint64_t seed;
+    int64_t height, width;
+    double min_scale, max_scale, min_ratio, max_ratio;
+  };
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{375, 500}, {500, 375}, {1, 1},    {1, 7},
+                                                           {7, 1},     {2, 3},     {10, 1000}, {1000, 10},
+                                                           {60, 300},  {224, 224}, {13, 17},  {3, 3}};
+  const std::vector<std::pair<double, double>> scales = {{0.08, 1.0}, {0.5, 1.0}, {1.0, 1.0}, {0.25, 0.5}};
+  const std::vector<std::pair<double, double>> ratios = {{3.0 / 4.0, 4.0 / 3.0}, {1.0, 1.0}, {0.5, 2.0}, {2.0, 3.0}};
+  std::vector<Case> cases;
+  uint64_t seed = 1000;
+  for (const auto& [h, w] : shapes) {
+    for (const auto& [s0, s1] : scales) {
+      for (const auto& [r0, r1] : ratios) {
+        for (int k = 0; k < 20; ++k) cases.push_back({seed++, h, w, s0, s1, r0, r1});
+      }
+    }
+  }
+  {
+    std::ofstream out(dir / "cases.txt");
+    out.precision(17);
+    for (const Case& c : cases) {
+      out << c.seed << ' ' << c.height << ' ' << c.width << ' ' << c.min_scale << ' ' << c.max_scale << ' '
+          << c.min_ratio << ' ' << c.max_ratio << '\n';
+    }
+  }
+  // A 375x500 photo, and a 55x400 strip where about half the boxes are the fallback.
+  const std::vector<Case> distributions = {{1, 375, 500, 0.08, 1.0, 3.0 / 4.0, 4.0 / 3.0},
+                                           {2, 55, 400, 0.08, 1.0, 3.0 / 4.0, 4.0 / 3.0}};
+  constexpr int kDraws = 20000;
+  {
+    std::ofstream out(dir / "distribution.txt");
+    out.precision(17);
+    for (const Case& c : distributions) {
+      out << c.seed << ' ' << c.height << ' ' << c.width << ' ' << c.min_scale << ' ' << c.max_scale << ' '
+          << c.min_ratio << ' ' << c.max_ratio << ' ' << kDraws << '\n';
+    }
+  }
+  REQUIRE(train::testing::run_python("random_resized_crop_oracle.py", "\"" + dir.path + "\"") == 0);
+
+  // The oracle's copy of SplitMix64 gives the same stream.
+  {
+    std::ifstream in(dir / "stream.txt");
+    int seeds = 0;
+    for (std::string line; std::getline(in, line); ++seeds) {
+      std::istringstream values(line);
+      uint64_t s = 0;
+      values >> s;
+      SplitMix64 rng(s);
+      for (uint64_t v; values >> v;) CHECK(v == rng.next());
+    }
+    REQUIRE(seeds == 3);
+  }
+  auto read_boxes = [](const std::string& path) {
+    std::vector<CropBox> boxes;
+    std::ifstream in(path);
+    for (CropBox b; in >> b.top >> b.left >> b.height >> b.width;) boxes.push_back(b);
+    return boxes;
+  };
+  auto same = [](const CropBox& a, const CropBox& b) {
+    return a.top == b.top && a.left == b.left && a.height == b.height && a.width == b.width;
+  };
+  // torchvision's fallback: the whole image, cut to the nearest allowed ratio, centred.
+  auto fallback = [](const Case& c) {
+    const double ratio = static_cast<double>(c.width) / static_cast<double>(c.height);
+    int64_t h = c.height, w = c.width;
+    if (ratio < c.min_ratio) h = static_cast<int64_t>(std::nearbyint(static_cast<double>(w) / c.min_ratio));
+    if (ratio > c.max_ratio) w = static_cast<int64_t>(std::nearbyint(static_cast<double>(h) * c.max_ratio));
+    return CropBox{(c.height - h) / 2, (c.width - w) / 2, h, w};
+  };
+
+  const std::vector<CropBox> expected = read_boxes(dir / "boxes.txt");
+  REQUIRE(expected.size() == cases.size());
+  int mismatches = 0, fallbacks = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    SplitMix64 rng(c.seed);
+    const CropBox got = random_resized_crop_box(c.height, c.width, c.min_scale, c.max_scale, c.min_ratio, c.max_ratio, rng);
+    if (same(expected[i], fallback(c))) ++fallbacks;
+    if (!same(got, expected[i]) && ++mismatches <= 10) {
+      UNSCOPED_INFO("seed " << c.seed << ", " << c.height << "x" << c.width << ", scale [" << c.min_scale << ", "
+                            << c.max_scale << "], ratio [" << c.min_ratio << ", " << c.max_ratio << "]: train "
+                            << got.top << "," << got.left << " " << got.height << "x" << got.width << ", torchvision "
+                            << expected[i].top << "," << expected[i].left << " " << expected[i].height << "x"
+                            << expected[i].width);
+    }
+  }
+  CHECK(mismatches == 0);
+  // The cases reach the fallback and ordinary draws alike.
+  CHECK(fallbacks > 200);
+  CHECK(fallbacks < static_cast<int>(cases.size()) - 1000);
+
+  const std::vector<CropBox> reference = read_boxes(dir / "distribution_boxes.txt");
+  REQUIRE(reference.size() == distributions.size() * kDraws);
+  // The largest gap between two empirical distribution functions.
+  auto ks_distance = [](std::vector<double> a, std::vector<double> b) {
+    std::sort(a.begin(), a.end());
+    std::sort(b.begin(), b.end());
+    size_t i = 0, j = 0;
+    double d = 0;
+    while (i < a.size() && j < b.size()) {
+      const double x = std::min(a[i], b[j]);
+      while (i < a.size() && a[i] <= x) ++i;
+      while (j < b.size() && b[j] <= x) ++j;
+      d = std::max(d, std::abs(static_cast<double>(i) / a.size() - static_cast<double>(j) / b.size()));
+    }
+    return d;
+  };
+  for (size_t k = 0; k < distributions.size(); ++k) {
+    const Case& c = distributions[k];
+    const double area = static_cast<double>(c.height * c.width);
+    struct Sample {
+      std::vector<double> area, log_ratio;
+      int fallbacks = 0;
+      void add(const CropBox& box, const CropBox& fallback_box, double image_area) {
+        area.push_back(static_cast<double>(box.height * box.width) / image_area);
+        log_ratio.push_back(std::log(static_cast<double>(box.width) / static_cast<double>(box.height)));
+        if (box.top == fallback_box.top && box.left == fallback_box.left && box.height == fallback_box.height &&
+            box.width == fallback_box.width) {
+          ++fallbacks;
+        }
+      }
+    } ours, theirs;
+    for (int i = 0; i < kDraws; ++i) {
+      SplitMix64 rng(mix64(c.seed * kDraws + static_cast<uint64_t>(i)));
+      ours.add(random_resized_crop_box(c.height, c.width, c.min_scale, c.max_scale, c.min_ratio, c.max_ratio, rng),
+               fallback(c), area);
+      theirs.add(reference[k * kDraws + static_cast<size_t>(i)], fallback(c), area);
+    }
+    const double area_d = ks_distance(ours.area, theirs.area), ratio_d = ks_distance(ours.log_ratio, theirs.log_ratio);
+    const double fallback_gap = std::abs(ours.fallbacks - theirs.fallbacks) / static_cast<double>(kDraws);
+    INFO(c.height << "x" << c.width << ": KS distance of the area fractions " << area_d << ", of the log ratios "
+                  << ratio_d << "; fallback " << ours.fallbacks << " (train) and " << theirs.fallbacks
+                  << " (torchvision) of " << kDraws);
+    // Equal distributions stay under these (KS: P < 1e-6 for two samples of 20000; the fallback
+    // share: 4 standard deviations of a difference of two shares near 0.5), a uniform instead of
+    // a log-uniform ratio or one attempt more or fewer does not.
+    CHECK(area_d < 0.027);
+    CHECK(ratio_d < 0.027);
+    CHECK(fallback_gap < 0.02);
   }
 }
 

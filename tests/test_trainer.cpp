@@ -5,6 +5,7 @@
 #include <train/data/token_file.h>
 #include <train/errors.h>
 #include <train/files.h>
+#include <train/log.h>
 #include <train/models/bert.h>
 #include <train/models/model.h>
 #include <train/optim.h>
@@ -15,7 +16,9 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <limits>
 #include <sstream>
@@ -392,6 +395,165 @@ TEST_CASE("fit: an evaluation put off by a graceful stop is done first when the 
   }
   CHECK(val_steps() == std::vector<int64_t>{1, 2, 3});
   files::remove_all(dir);
+}
+
+namespace {
+
+// What train::log writes while `body` runs (through its file sink, as train.log gets it).
+std::string logged_while(const std::function<void()>& body) {
+  const std::string dir = temp_dir("log");
+  const std::string path = files::join(dir, "captured.log");
+  log::set_file(path);
+  try {
+    body();
+  } catch (...) {
+    log::set_file("");
+    files::remove_all(dir);
+    throw;
+  }
+  log::set_file("");
+  std::ifstream in(path);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  files::remove_all(dir);
+  return text;
+}
+
+// 4 steps of 16 samples with a checkpoint every 2 into `dir`; an LR that is no short decimal, so
+// that the config saved in the checkpoint must give it back exactly.
+Config resumable_config() {
+  Config c = synthetic_config();
+  c.trainer.max_steps = 4;
+  c.checkpoint.every_steps = 2;
+  c.optim.lr = 0.1 / 3;
+  c.logging.tensorboard = false;
+  return c;
+}
+
+void fit_into(const Config& c, const std::string& dir) {
+  RunParts run = prepare_run(c);
+  Trainer t(c, run.plan, run.model, run.train, nullptr, dir);
+  REQUIRE(t.fit().steps == c.trainer.max_steps);
+}
+
+// Resumes `c` from `checkpoint` in `dir`, to the end; returns what was logged.
+std::string resume_log(const Config& c, const std::string& dir, const std::string& checkpoint) {
+  return logged_while([&] {
+    RunParts run = prepare_run(c);
+    Trainer t(c, run.plan, run.model, run.train, nullptr, dir);
+    const FitResult r = t.fit(checkpoint);
+    CHECK(r.resumed_from_step == 2);
+    CHECK(r.steps == c.trainer.max_steps);
+  });
+}
+
+}  // namespace
+
+TEST_CASE("fit: resuming with settings that change the trajectory names each of them in a warning and only them",
+          "[trainer][resume]") {
+  register_tiny_mlp();
+  const std::string dir = temp_dir("changed");
+  const Config c = resumable_config();
+  fit_into(c, dir);
+  const std::string checkpoint = checkpoint_path(files::join(dir, "checkpoints"), 2);
+  // As `train fit CONFIG --set ...` builds the config of the resumed run.
+  auto with = [&](std::vector<std::string> sets) { return parse_config(to_yaml(c), "resumed.yaml", sets); };
+
+  SECTION("the same settings (and ones that do not change the trajectory): no warning") {
+    const std::string log = resume_log(with({"logging.every_steps=3"}), dir, checkpoint);
+    CHECK_THAT(log, Catch::Contains("resumed from " + checkpoint));  // the capture works
+    CHECK_THAT(log, !Catch::Contains("other settings"));
+    CHECK_THAT(log, !Catch::Contains("bit for bit"));
+  }
+  SECTION("--set optim.lr") {
+    const std::string log = resume_log(with({"optim.lr=0.05"}), dir, checkpoint);
+    CHECK_THAT(log, Catch::Contains(checkpoint + " was written with other settings (optim.lr 0.03333333333333333 -> 0.05): the "
+                                                 "resumed run continues with the new ones and will differ from an "
+                                                 "uninterrupted run"));
+  }
+  SECTION("global batch, seed, shuffling and the optimizer's momentum, in one warning") {
+    const std::string log = resume_log(
+        with({"trainer.global_batch=32", "trainer.seed=7", "data.shuffle=false", "optim.momentum=0.5"}), dir,
+        checkpoint);
+    INFO(log);
+    CHECK_THAT(log, Catch::Contains(checkpoint + " was written with other settings (trainer.global_batch 16 -> 32, "
+                                                 "trainer.seed 0 -> 7, data.shuffle true -> false, optim.momentum 0 "
+                                                 "-> 0.5): the resumed run continues with the new ones"));
+    CHECK_THAT(log, !Catch::Contains("optim.lr"));
+  }
+  SECTION("a longer run (the schedule's shape) and a learning rate that differs only in the 8th digit") {
+    const std::string log = resume_log(with({"trainer.max_steps=6", "optim.lr=0.03333334"}), dir, checkpoint);
+    CHECK_THAT(log, Catch::Contains("(trainer.max_steps 4 -> 6, optim.lr 0.03333333333333333 -> 0.03333334)"));
+  }
+  files::remove_all(dir);
+}
+
+TEST_CASE("fit: a checkpoint of 2 ranks resumed on 1 says the result is no longer bit for bit", "[trainer][resume]") {
+  register_tiny_mlp();
+  const std::string dir = temp_dir("ranks");
+  const Config c = resumable_config();
+  fit_into(c, dir);
+  // The step-2 checkpoint as 2 ranks would have written it: the position counted in each rank's
+  // half of the data (as in "stopping and resuming gives the same weights ..." above).
+  const std::string two_dir = temp_dir("ranks_two");
+  const std::string two_ranks = checkpoint_path(files::join(two_dir, "checkpoints"), 2);
+  {
+    files::make_directories(files::join(two_dir, "checkpoints"));
+    RunParts scratch = prepare_run(c);
+    auto optimizer = make_optimizer(c.optim, *scratch.model, scratch.plan.lr);
+    TrainState st = load_checkpoint(checkpoint_path(files::join(dir, "checkpoints"), 2), *scratch.model,
+                                    optimizer.get());
+    REQUIRE(st.batch_in_epoch % 2 == 0);
+    st.batch_in_epoch /= 2;
+    st.tensors["trainer/world_size"] = torch::tensor(int64_t{2}, torch::kLong);
+    save_checkpoint(two_ranks, *scratch.model, optimizer.get(), st);
+  }
+  const std::string log = resume_log(c, two_dir, two_ranks);
+  // 2 steps of 16 samples: sample 32 of epoch 0.
+  CHECK_THAT(log, Catch::Contains(two_ranks + " was written by a run on 2 rank(s); continuing on 1 at the same place "
+                                              "in the data (sample 32 of epoch 0), but the result will not be bit for "
+                                              "bit the one of an uninterrupted run"));
+  CHECK_THAT(log, !Catch::Contains("other settings"));
+  files::remove_all(two_dir);
+  files::remove_all(dir);
+}
+
+TEST_CASE("checkpoint.keep_last: the newest checkpoints stay with their .crc32c and the final one is among them",
+          "[trainer][checkpoint]") {
+  register_tiny_mlp();
+  auto left_after = [](int64_t max_steps, int64_t keep_last) {
+    const std::string dir = temp_dir("keep_last");
+    Config c = synthetic_config();
+    c.trainer.max_steps = max_steps;
+    c.checkpoint.every_steps = 2;
+    c.checkpoint.keep_last = keep_last;
+    c.logging.tensorboard = false;
+    fit_into(c, dir);
+    const std::vector<std::string> names = files::list_directory(files::join(dir, "checkpoints"));
+    for (const auto& name : names) {  // each one left is whole
+      if (name.size() > 3 && name.compare(name.size() - 3, 3, ".pt") == 0) {
+        RunParts run = prepare_run(c);
+        CHECK_NOTHROW(load_checkpoint(files::join(dir, "checkpoints/" + name), *run.model, nullptr));
+      }
+    }
+    files::remove_all(dir);
+    return names;
+  };
+  auto files_of = [](std::vector<int> steps) {
+    std::vector<std::string> names;
+    for (const int s : steps) {
+      char name[32];
+      std::snprintf(name, sizeof(name), "step_%08d.pt", s);
+      names.push_back(name);
+      names.push_back(std::string(name) + ".crc32c");
+    }
+    return names;
+  };
+  // Checkpoints at steps 2, 4, 6 and the final 7.
+  CHECK(left_after(7, 2) == files_of({6, 7}));
+  CHECK(left_after(7, 3) == files_of({4, 6, 7}));
+  CHECK(left_after(7, 1) == files_of({7}));
+  // The final step is a periodic one too.
+  CHECK(left_after(8, 2) == files_of({6, 8}));
 }
 
 TEST_CASE("cuda: the plan picks bf16 + channels_last on a tensor-core GPU and training converges", "[cuda]") {

@@ -485,7 +485,7 @@ std::vector<Key> build_schema() {
           .at_least(0)
           .at_most(limits::kMaxSteps),
       checkpoint("keep_last", &CheckpointConfig::keep_last,
-                 "periodic checkpoints kept on disk (the final one is always kept)")
+                 "checkpoints kept on disk, the newest ones, the final one counted among them")
           .at_least(1)
           .at_most(1000000),
 

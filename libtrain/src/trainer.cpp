@@ -3,11 +3,13 @@
 #include <torch/torch.h>
 
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <limits>
 #include <optional>
 #include <set>
 #include <sstream>
+#include <type_traits>
 
 #include "compat.h"
 #ifdef TRAIN_WITH_CUDA
@@ -372,10 +374,23 @@ struct Trainer::Impl {
       return;  // written by another version of train: nothing to compare
     }
     std::vector<std::string> changed;
+    // Floats in their shortest exact form: 0.1/3 -> 0.03333334 must not read as "0.0333333 -> 0.0333333".
+    auto text = [](const auto& v) {
+      using T = std::decay_t<decltype(v)>;
+      if constexpr (std::is_floating_point_v<T>) {
+        char buffer[32];
+        return std::string(buffer, std::to_chars(buffer, buffer + sizeof buffer, v).ptr);
+      } else {
+        return log::str(std::boolalpha, v);
+      }
+    };
     auto compare = [&](const std::string& key, const auto& before, const auto& now) {
-      if (before != now) changed.push_back(log::str(key, " ", before, " -> ", now));
+      if (before != now) changed.push_back(key + " " + text(before) + " -> " + text(now));
     };
     compare("trainer.global_batch", saved.trainer.global_batch, config.trainer.global_batch);
+    // The run's length sets the schedule's shape (a cosine decays over it).
+    compare("trainer.max_steps", saved.trainer.max_steps, config.trainer.max_steps);
+    compare("trainer.epochs", saved.trainer.epochs, config.trainer.epochs);
     compare("trainer.seed", saved.trainer.seed, config.trainer.seed);
     compare("data.shuffle", saved.data.shuffle, config.data.shuffle);
     compare("optim.name", saved.optim.name, config.optim.name);
@@ -390,6 +405,9 @@ struct Trainer::Impl {
       compare("optim.eps", saved.optim.eps, config.optim.eps);
     }
     compare("schedule.name", saved.schedule.name, config.schedule.name);
+    compare("schedule.warmup_steps", saved.schedule.warmup_steps, config.schedule.warmup_steps);
+    compare("schedule.warmup_epochs", saved.schedule.warmup_epochs, config.schedule.warmup_epochs);
+    compare("schedule.min_lr_ratio", saved.schedule.min_lr_ratio, config.schedule.min_lr_ratio);
     if (changed.empty()) return;
     std::string list;
     for (const auto& c : changed) list += (list.empty() ? "" : ", ") + c;
