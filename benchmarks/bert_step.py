@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from step_timing import time_windows
+from step_timing import median, time_windows
 
 # Sizes of train's presets (BertOptions::preset): layers, hidden, heads; intermediate 4 x hidden,
 # 512 positions, vocab 30522, 2 token types.
@@ -276,7 +276,7 @@ def main():
                       "params": sum(q.numel() for q in model.parameters()), "batch": a.batch, "seq": a.seq,
                       "precision": a.precision, "attention": a.attention, "optimizer": f"adamw {a.optim_impl}",
                       "threads": torch.get_num_threads(), "targets": int((labels != -100).sum()),
-                      "input_sum": int(inputs.sum()), "windows": len(rates), "seq_per_s": rates[len(rates) // 2],
+                      "input_sum": int(inputs.sum()), "windows": len(rates), "seq_per_s": median(rates),
                       "min": rates[0], "max": rates[-1]}), flush=True)
 
 

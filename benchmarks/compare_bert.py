@@ -2,7 +2,10 @@
 
 Runs bench_bert_step (C++) and bert_step.py (Python, the same model in plain torch.nn) alternately,
 `--rounds` times each, in one session on the same device, and reports the median sequences/s of
-each, their ratio, and the model-FLOPs utilisation against the device's peak. The Python side uses
+each, their ratio, the per-round ratios with their median and range, and the model-FLOPs
+utilisation against the device's peak. Use an odd number of rounds, 3 or more (the default): the
+median of an even count is the mean of the two middle runs, which the report then says. A run whose
+windows spread by more than --spread-warn (max / min - 1) is flagged. The Python side uses
 the attention and the AdamW implementation (fused / foreach) that the C++ side reports from its
 first run, so both sides run the same algorithms.
 
@@ -12,7 +15,7 @@ loads the weights by name and compares logits, losses and updated weights: the t
 the same model with the same loss and optimizer. A failed check is reported at once and again
 under the table, the timing still runs (a GPU lease is short), and the script exits 1.
 
-    python3 benchmarks/compare_bert.py --bin build/bin/bench_bert_step --check --rounds 2 \
+    python3 benchmarks/compare_bert.py --bin build/bin/bench_bert_step --check --rounds 3 \
         --preset bert-base --batch 64 --seq 128 --precision bf16 --peak-tflops 989 --out results.json
 
 Model FLOPs per training sequence (the MFU numerator; dropout, softmax, LayerNorm, GELU, the
@@ -82,7 +85,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--bin", required=True)
     p.add_argument("--python", default=sys.executable)
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; odd and >= 3 for a true median")
     p.add_argument("--preset", default="bert-base")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--seq", type=int, default=128)
@@ -95,9 +98,18 @@ def main():
     p.add_argument("--threads", type=int, default=0, help="intra-op CPU threads for both sides; 0 = default")
     p.add_argument("--check", action="store_true", help="run the same-model check first")
     p.add_argument("--check-preset", default="bert-tiny")
+    p.add_argument("--spread-warn", type=float, default=0.20,
+                   help="flag a run whose fastest window is more than this fraction above its slowest")
     p.add_argument("--peak-tflops", type=float, default=0.0, help="device peak for the precision used")
     p.add_argument("--out", default="")
     a = p.parse_args()
+    if a.rounds < 1:
+        p.error("--rounds must be >= 1")
+    warnings = []
+    if a.rounds < 3 or a.rounds % 2 == 0:
+        warnings.append(f"{a.rounds} rounds: each median is not a middle run (an even count's median is the mean "
+                        f"of the two middle ones); use an odd number >= 3")
+        print(f"warning: {warnings[-1]}", file=sys.stderr, flush=True)
 
     py_script = str(Path(__file__).with_name("bert_step.py"))
     summary = {"config": vars(a)}
@@ -115,11 +127,18 @@ def main():
             t0 = time.time()
             res, _ = run(cpp_cmd if name == "cpp" else py_cmd)
             res["wall_s"] = round(time.time() - t0, 1)
+            res["spread"] = res["max"] / res["min"] - 1
             runs[name].append(res)
             if py_cmd is None:
                 py_cmd = [a.python, py_script] + common + ["--attention", res["attention"],
                                                           "--optim-impl", res["optimizer"].split()[-1]]
-            print(f"round {r} {name}: {res['seq_per_s']:.1f} seq/s", flush=True)
+            flag = ""
+            if res["spread"] > a.spread_warn:
+                flag = f"  <- windows spread {100 * res['spread']:.0f} % (> {100 * a.spread_warn:.0f} %)"
+                warnings.append(f"round {r} {name}: windows {res['min']:.1f}-{res['max']:.1f} seq/s, "
+                                f"spread {100 * res['spread']:.0f} %")
+            print(f"round {r} {name}: {res['seq_per_s']:.1f} seq/s (windows {res['min']:.1f}-{res['max']:.1f})"
+                  f"{flag}", flush=True)
 
     first = {name: runs[name][0] for name in runs}
     for key in ("layers", "hidden", "heads", "intermediate", "vocab", "params", "targets", "input_sum",
@@ -140,6 +159,8 @@ def main():
     summary["ratio_cpp_over_python"] = summary["cpp"]["median_seq_per_s"] / summary["python"]["median_seq_per_s"]
     # Per round (C++ and Python ran back to back): less sensitive to the machine drifting between rounds.
     summary["round_ratios"] = [x["seq_per_s"] / y["seq_per_s"] for x, y in zip(runs["cpp"], runs["python"])]
+    summary["round_ratio_range"] = [min(summary["round_ratios"]), max(summary["round_ratios"])]
+    summary["warnings"] = warnings
     print(f"\nBERT-{a.preset.removeprefix('bert-')} MLM, batch {a.batch}, seq {a.seq}, {a.precision}, "
           f"attention {c['attention']}, {c['optimizer']}, {c['params'] / 1e6:.1f} M parameters, "
           f"{flops / 1e9:.2f} GFLOP per sequence, "
@@ -149,7 +170,10 @@ def main():
     for name, med, mfu, each in rows:
         print(f"| {name} | {each} | {med:.1f} | {'' if mfu is None else f'{100 * mfu:.1f}%'} |")
     print(f"| ratio cpp/python | {', '.join(f'{x:.3f}' for x in summary['round_ratios'])} "
-          f"(median {statistics.median(summary['round_ratios']):.3f}) | {summary['ratio_cpp_over_python']:.3f} | |")
+          f"(median {statistics.median(summary['round_ratios']):.3f}, range {summary['round_ratio_range'][0]:.3f}-"
+          f"{summary['round_ratio_range'][1]:.3f}) | {summary['ratio_cpp_over_python']:.3f} | |")
+    for w in warnings:
+        print(f"warning: {w}")
     if a.check:
         ck = summary["check"]
         print(f"same-model check ({a.check_preset}, fp32): {ck['check']}, max |logits diff| "

@@ -6,16 +6,27 @@ to round, so that a drift of the shared machine's speed hits all of them alike. 
 record every logging.every_steps steps; the steady-state speed of a run is the steps after its
 first `--warmup-windows` windows divided by their time (start-up, data loading, the first
 iterations' allocations and oneDNN primitive creation and the final evaluation are excluded). The
-report gives the median steps/s of each implementation, the ratio of the medians, and the median
-of the per-round ratios (each ratio taken between runs of the same round).
+report gives the median steps/s of each implementation, the ratio of the medians, and the per-round
+ratios (each taken between runs of the same round) with their median and range. Use an odd number
+of rounds, 3 or more: the median of an even count is the mean of the two middle values.
 
     .venv/bin/python benchmarks/compare_train.py --train build/bin/train --raw build/bin/bench_raw_loop \\
         --rounds 5 --threads 2 configs/bench/mlp_fashion_mnist.yaml configs/bench/lenet_fashion_mnist.yaml \\
         --out /tmp/compare_train.json
 
-Implementations (--impls, each optionally followed by `:key=value` overrides of its own): train (`train fit`), python (fit.py, torch.optim.SGD as PyTorch picks it:
-a per-parameter loop on CPU), python-foreach, python-fused, raw (torch::optim::SGD), raw-fused
-(LibTorch's fused SGD kernel, what train's optim.impl: auto uses on CPU).
+Implementations (--impls, each optionally followed by `:key=value` overrides of its own; the first is
+the base of the ratios):
+  train           `train fit`; its SGD is what the config's optim.impl picks (auto = LibTorch's fused
+                  SGD kernel on CPU from LibTorch 2.4), reported in the table
+  python-fused    fit.py with torch.optim.SGD(fused=True): the same fused kernel as train's
+                  (the headline comparison: same model, data, optimizer kernel; only the language
+                  and the framework around the step differ)
+  python          fit.py with torch.optim.SGD as PyTorch picks it: a per-parameter loop on CPU
+  python-foreach  fit.py with torch.optim.SGD(foreach=True)
+  raw             bench_raw_loop with torch::optim::SGD (a per-parameter loop)
+  raw-fused       bench_raw_loop with LibTorch's fused SGD kernel (train's overhead baseline)
+fit.py groups the parameters as train does (two groups; weight decay only on tensors of 2+
+dimensions); bench_raw_loop does so when there is weight decay, else has one group.
 """
 import argparse
 import json
@@ -63,6 +74,39 @@ def steady_state(records, warmup_windows):
         raise RuntimeError(f"no steady-state windows: {len(records)} windows, {warmup_windows} warm-up")
     return {"steps_per_s": 1000.0 * steps / ms, "timed_steps": steps, "mean_step_ms": ms / steps,
             "final_loss": records[-1]["loss"]}
+
+
+def train_optim_impl(config, sets):
+    """The SGD implementation `train fit CONFIG --set ...` runs on CPU, as make_optimizer picks it."""
+    import torch  # noqa: E402 (the Python wheel holds the LibTorch that train links)
+    import yaml  # noqa: E402
+    with open(config) as f:
+        impl = ((yaml.safe_load(f) or {}).get("optim") or {}).get("impl", "auto")
+    for item in sets:  # later --set wins, as in train
+        key, _, value = item.partition("=")
+        if key == "optim.impl":
+            impl = str(yaml.safe_load(value))
+    if impl == "auto":
+        major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+        impl = "fused" if (major, minor) >= (2, 4) else "foreach"
+    return impl
+
+
+def optimizer_label(spec, config, a, overrides):
+    """Which SGD implementation an implementation spec steps with, in words for the report."""
+    impl, *extra = spec.split(":")
+    if impl == "train":
+        return f"sgd {train_optim_impl(config, overrides + extra)} (train's make_optimizer)"
+    if impl.startswith("python"):
+        variant = impl.partition("-")[2] or "default"
+        return {"default": "sgd loop (torch.optim.SGD, PyTorch's default on CPU)",
+                "foreach": "sgd foreach (torch.optim.SGD(foreach=True))",
+                "fused": "sgd fused (torch.optim.SGD(fused=True))"}[variant]
+    return {"raw": "sgd loop (torch::optim::SGD)", "raw-fused": "sgd fused (at::_fused_sgd_)"}[impl]
+
+
+def paired(base_runs, other_runs):
+    return [x["steps_per_s"] / y["steps_per_s"] for x, y in zip(base_runs, other_runs)]
 
 
 def run_one(spec, config, a, overrides):
@@ -125,10 +169,10 @@ def main():
     p.add_argument("--train", default="build/bin/train")
     p.add_argument("--raw", default="build/bin/bench_raw_loop")
     p.add_argument("--python", default=sys.executable)
-    p.add_argument("--impls", nargs="+", default=["train", "python", "raw"],
+    p.add_argument("--impls", nargs="+", default=["train", "python-fused", "python", "raw-fused"],
                    help="implementations, each optionally with config overrides of its own: "
                         "train:data.workers=0 (see below); the first is the base of the ratios")
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; odd and >= 3 for a true median")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--warmup-windows", type=int, default=1, help="logging windows excluded at the start of each run")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -138,6 +182,11 @@ def main():
     p.add_argument("--out", default="")
     a = p.parse_args()
     impls = a.impls
+    if a.rounds < 1:
+        p.error("--rounds must be >= 1")
+    if a.rounds < 3 or a.rounds % 2 == 0:
+        print(f"warning: {a.rounds} rounds: the medians below are not a middle run; use an odd number >= 3",
+              file=sys.stderr, flush=True)
 
     import torch  # noqa: E402 (only for the version in the report)
     report = {"host": host_info(), "torch": torch.__version__, "args": vars(a), "results": {}}
@@ -158,25 +207,34 @@ def main():
     print()
     for config in a.configs:
         by_impl = runs[config]
-        summary = {"runs": by_impl, "median_steps_per_s": {}, "ratio_of_medians": {}, "median_paired_ratio": {}}
+        summary = {"runs": by_impl, "optimizer": {i: optimizer_label(i, config, a, a.overrides) for i in impls},
+                   "median_steps_per_s": {}, "ratio_of_medians": {}, "paired_ratios": {}, "median_paired_ratio": {}}
         for impl, results in by_impl.items():
             summary["median_steps_per_s"][impl] = statistics.median(x["steps_per_s"] for x in results)
         base = impls[0]
         for impl in impls[1:]:
-            summary["ratio_of_medians"][f"{base}/{impl}"] = (
-                summary["median_steps_per_s"][base] / summary["median_steps_per_s"][impl])
-            paired = [x["steps_per_s"] / y["steps_per_s"] for x, y in zip(by_impl[base], by_impl[impl])]
-            summary["median_paired_ratio"][f"{base}/{impl}"] = statistics.median(paired)
+            key = f"{base}/{impl}"
+            summary["ratio_of_medians"][key] = summary["median_steps_per_s"][base] / summary["median_steps_per_s"][impl]
+            summary["paired_ratios"][key] = paired(by_impl[base], by_impl[impl])
+            summary["median_paired_ratio"][key] = statistics.median(summary["paired_ratios"][key])
         report["results"][config] = summary
         print(f"{config}: {a.rounds} interleaved rounds, {a.threads} threads")
-        print("| impl | rounds (steps/s) | median steps/s | median ms/step |")
-        print("|---|---|---|---|")
+        print("| impl | optimizer | rounds (steps/s) | median steps/s | median ms/step |")
+        print("|---|---|---|---|---|")
         for impl, results in by_impl.items():
             med = summary["median_steps_per_s"][impl]
             rounds = ', '.join('%.4g' % x['steps_per_s'] for x in results)
-            print(f"| {impl} | {rounds} | {med:.4g} | {1000 / med:.4g} |")
+            print(f"| {impl} | {summary['optimizer'][impl]} | {rounds} | {med:.4g} | {1000 / med:.4g} |")
+        print("| ratio | per round | paired median (range) | ratio of medians |")
+        print("|---|---|---|---|")
         for key, ratio in summary["ratio_of_medians"].items():
-            print(f"| ratio {key} | | {ratio:.3f} (paired median {summary['median_paired_ratio'][key]:.3f}) | |")
+            pr = summary["paired_ratios"][key]
+            print(f"| {key} | {', '.join(f'{x:.3f}' for x in pr)} | {statistics.median(pr):.3f} "
+                  f"({min(pr):.3f}-{max(pr):.3f}) | {ratio:.3f} |")
+        if "train" in by_impl and "python-fused" in by_impl:
+            t, f = summary["optimizer"]["train"].split()[1], summary["optimizer"]["python-fused"].split()[1]
+            if t != f:
+                print(f"warning: train steps with sgd {t}, python-fused with sgd {f}: not the same optimizer kernel")
         print()
     loads = [x["load_before"] for c in runs.values() for rs in c.values() for x in rs]
     report["load_before_runs"] = {"min": min(loads), "median": statistics.median(loads), "max": max(loads)}

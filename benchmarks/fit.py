@@ -11,7 +11,12 @@ runs cannot drift apart silently. What it reproduces:
     data.mean / data.std; a new shuffle every epoch (data.shuffle), batches of
     trainer.global_batch, the last incomplete batch of an epoch dropped;
   - SGD with optim.lr / momentum / nesterov / weight_decay, a constant learning rate, fp32,
-    cross-entropy, trainer.max_steps steps, torch.set_num_threads(trainer.threads or the cores).
+    cross-entropy, trainer.max_steps steps, torch.set_num_threads(trainer.threads or the cores);
+    the parameters in train's two groups (make_optimizer): weight decay only on tensors of 2+
+    dimensions, none on biases and normalisation weights unless optim.decay_norm_and_bias;
+  - torch.optim.SGD's implementation from --optim-impl, not from optim.impl (compare_train.py
+    states which one each side used): `default` is PyTorch's own choice, a per-parameter loop on
+    CPU; `fused` is the fused SGD kernel that train's `optim.impl: auto` runs on CPU (LibTorch >= 2.4).
 The images are held in one normalised float tensor and each batch is gathered from it by index:
 the fastest way to feed a small dataset in eager PyTorch (a DataLoader costs more per batch).
 
@@ -42,7 +47,7 @@ DEFAULTS = {
              "val_images": "t10k-images-idx3-ubyte", "val_labels": "t10k-labels-idx1-ubyte",
              "mean": [], "std": [], "random_crop": False, "random_flip": False, "shuffle": True, "drop_last": True},
     "optim": {"name": "sgd", "lr": 0.1, "momentum": 0.9, "nesterov": False, "weight_decay": 0.0,
-              "clip_grad_norm": 0.0},
+              "decay_norm_and_bias": False, "clip_grad_norm": 0.0, "impl": "auto"},
     "schedule": {"name": "cosine", "warmup_steps": 0, "warmup_epochs": 0.0},
     "loss": {"label_smoothing": 0.0},
     "trainer": {"epochs": 0, "max_steps": 0, "seed": 0, "threads": 0, "eval_batch": 0},
@@ -169,6 +174,18 @@ def build_model(m):
 
 # ---- the run ------------------------------------------------------------------------------------
 
+def param_groups(model, o):
+    """train's make_optimizer groups: weight decay on tensors of 2+ dimensions, none on biases and
+    normalisation weights (unless optim.decay_norm_and_bias); empty groups left out, as train does."""
+    params = [q for q in model.parameters() if q.requires_grad]
+    if o["decay_norm_and_bias"]:
+        decay, no_decay = params, []
+    else:
+        decay, no_decay = [q for q in params if q.dim() > 1], [q for q in params if q.dim() <= 1]
+    groups = [{"params": decay, "weight_decay": float(o["weight_decay"])}, {"params": no_decay, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("config")
@@ -192,8 +209,9 @@ def main():
     model = build_model(c["model"])
     model.train()
     impl = {"default": {}, "foreach": {"foreach": True}, "fused": {"fused": True}}[a.optim_impl]
-    optimizer = torch.optim.SGD(model.parameters(), lr=o["lr"], momentum=o["momentum"], nesterov=o["nesterov"],
-                                weight_decay=o["weight_decay"], **impl)
+    # float(): YAML 1.1 reads "1e-4" (no dot) as a string; train reads it as a number.
+    optimizer = torch.optim.SGD(param_groups(model, o), lr=float(o["lr"]), momentum=float(o["momentum"]),
+                                nesterov=o["nesterov"], **impl)
 
     generator = torch.Generator().manual_seed(t["seed"])
     steps_per_epoch = images.size(0) // batch

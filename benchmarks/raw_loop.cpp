@@ -7,9 +7,12 @@
 //   bench_raw_loop CONFIG [--set key=value]... [--optim torch|fused] [--no-eval]
 //
 // --optim torch (default) steps with torch::optim::SGD, one parameter at a time, as a hand-written
-// loop would; --optim fused calls LibTorch's fused SGD kernel once per step (LibTorch >= 2.4), as
-// train's `optim.impl: auto` does on CPU. Output: the JSON lines of benchmarks/fit.py (one per
-// logging window, in the shape of train's metrics.jsonl records, then a summary with "done").
+// loop would; --optim fused calls LibTorch's fused SGD kernel once per group and step (LibTorch
+// >= 2.4), as train's `optim.impl: auto` does on CPU. Weight decay follows train's make_optimizer: only on
+// tensors of 2+ dimensions (not biases and normalisation weights) unless optim.decay_norm_and_bias;
+// with weight_decay 0 all parameters are one group, as a hand-written loop has them. Output: the
+// JSON lines of benchmarks/fit.py (one per logging window, in the shape of train's metrics.jsonl
+// records, then a summary with "done").
 #include <train/config.h>
 #include <train/data/idx.h>
 #include <train/models/model.h>
@@ -96,24 +99,52 @@ int64_t available_cores() {
   return CPU_COUNT(&set);
 }
 
-// One fused SGD step over all parameters (momentum buffers filled by the first call).
+// The parameters with the weight decay each gets, in train's make_optimizer groups (empty groups
+// left out); one group when there is no weight decay.
+struct ParamGroup {
+  std::vector<torch::Tensor> params;
+  double weight_decay;
+};
+
+std::vector<ParamGroup> param_groups(torch::nn::Module& model, const train::OptimConfig& o) {
+  std::vector<torch::Tensor> all = model.parameters();
+  if (o.weight_decay == 0 || o.decay_norm_and_bias) return {{all, o.weight_decay}};
+  ParamGroup decay{{}, o.weight_decay}, no_decay{{}, 0.0};
+  for (auto& p : all) (p.dim() > 1 ? decay : no_decay).params.push_back(p);
+  std::vector<ParamGroup> out;
+  for (auto* g : {&decay, &no_decay}) {
+    if (!g->params.empty()) out.push_back(std::move(*g));
+  }
+  return out;
+}
+
+// One fused SGD step per group (momentum buffers filled by the first call).
 class FusedSgd {
  public:
-  FusedSgd(std::vector<torch::Tensor> params, double lr, double momentum, double weight_decay, bool nesterov)
-      : params_(std::move(params)), lr_(lr), momentum_(momentum), weight_decay_(weight_decay), nesterov_(nesterov) {
-    for (auto& p : params_) buffers_.push_back(torch::empty_like(p));
+  FusedSgd(std::vector<ParamGroup> groups, double lr, double momentum, bool nesterov)
+      : groups_(std::move(groups)), lr_(lr), momentum_(momentum), nesterov_(nesterov) {
+    for (auto& g : groups_) {
+      buffers_.emplace_back();
+      for (auto& p : g.params) buffers_.back().push_back(torch::empty_like(p));
+    }
   }
   void zero_grad() {
-    for (auto& p : params_) p.mutable_grad().reset();
+    for (auto& g : groups_) {
+      for (auto& p : g.params) p.mutable_grad().reset();
+    }
   }
   void step() {
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
     torch::NoGradGuard no_grad;
-    std::vector<torch::Tensor> grads;
-    grads.reserve(params_.size());
-    for (auto& p : params_) grads.push_back(p.grad());
-    at::_fused_sgd_(params_, grads, momentum_ != 0 ? buffers_ : std::vector<torch::Tensor>{}, weight_decay_,
-                    momentum_, lr_, /*dampening=*/0.0, nesterov_, /*maximize=*/false, first_);
+    for (size_t i = 0; i < groups_.size(); ++i) {
+      const auto& params = groups_[i].params;
+      std::vector<torch::Tensor> grads;
+      grads.reserve(params.size());
+      for (const auto& p : params) grads.push_back(p.grad());
+      at::_fused_sgd_(params, grads, momentum_ != 0 ? buffers_[i] : std::vector<torch::Tensor>{},
+                      groups_[i].weight_decay, momentum_, lr_, /*dampening=*/0.0, nesterov_, /*maximize=*/false,
+                      first_);
+    }
     first_ = false;
 #else
     throw std::runtime_error("--optim fused needs LibTorch 2.4 or later (CPU _fused_sgd_)");
@@ -121,8 +152,9 @@ class FusedSgd {
   }
 
  private:
-  std::vector<torch::Tensor> params_, buffers_;
-  double lr_, momentum_, weight_decay_;
+  std::vector<ParamGroup> groups_;
+  std::vector<std::vector<torch::Tensor>> buffers_;
+  double lr_, momentum_;
   bool nesterov_;
   bool first_ = true;
 };
@@ -146,11 +178,17 @@ int run(const Args& a) {
   auto [images, labels] = load_split(c.data, /*train=*/true);
   auto model = train::models::make_model(c.model);
   model->train();
-  torch::optim::SGD torch_sgd(model->parameters(), torch::optim::SGDOptions(c.optim.lr)
-                                                       .momentum(c.optim.momentum)
-                                                       .nesterov(c.optim.nesterov)
-                                                       .weight_decay(c.optim.weight_decay));
-  FusedSgd fused_sgd(model->parameters(), c.optim.lr, c.optim.momentum, c.optim.weight_decay, c.optim.nesterov);
+  const auto sgd_options = [&](double weight_decay) {
+    return torch::optim::SGDOptions(c.optim.lr).momentum(c.optim.momentum).nesterov(c.optim.nesterov).weight_decay(
+        weight_decay);
+  };
+  const std::vector<ParamGroup> groups = param_groups(*model, c.optim);
+  std::vector<torch::optim::OptimizerParamGroup> torch_groups;
+  for (const auto& g : groups) {
+    torch_groups.emplace_back(g.params, std::make_unique<torch::optim::SGDOptions>(sgd_options(g.weight_decay)));
+  }
+  torch::optim::SGD torch_sgd(torch_groups, sgd_options(c.optim.weight_decay));
+  FusedSgd fused_sgd(groups, c.optim.lr, c.optim.momentum, c.optim.nesterov);
   const bool fused = a.optim == "fused";
 
   auto generator = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(c.trainer.seed));

@@ -2,9 +2,14 @@
 // already on the device. The C++ side of benchmarks/compare_resnet.py; resnet_step.py is the
 // same loop in Python PyTorch eager.
 //
-//   bench_resnet_step --depth 50 --batch 256 --steps 60 --warmup 15 --device cuda
+//   bench_resnet_step --depth 18|34|50 --batch 256 --steps 60 --warmup 15 --window 5 --device cuda
 //                     --precision bf16|fp32 --channels-last 0|1 --image 224
-// Prints one JSON line: {"impl":"cpp", "img_per_s": median over windows, ...}.
+//                     --optim-impl auto|fused|foreach|loop
+// SGD (lr 0.1, momentum 0.9, weight decay 5e-5 on tensors of 2+ dimensions) from train's
+// make_optimizer with optim.impl = --optim-impl (auto: the fused kernel where LibTorch has one for
+// the device, else foreach). Prints one JSON line: {"impl":"cpp", "optimizer": "sgd fused" (what
+// ran), "params": parameter count, "img_per_s": median over windows, "min", "max", ...}; exit 2
+// with a message on a bad argument.
 #include <train/amp.h>
 #include <train/config.h>
 #include <train/models/model.h>
@@ -18,6 +23,8 @@
 #include <chrono>
 #include <cstring>
 #include <iostream>
+#include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -33,25 +40,54 @@ struct Args {
   std::string device = "cuda";
   std::string precision = "bf16";
   bool channels_last = true;
+  std::string optim_impl = "auto";
 };
+
+[[noreturn]] void usage_error(const std::string& message) {
+  std::cerr << "bench_resnet_step: " << message << "\n";
+  std::exit(2);
+}
+
+// A whole decimal integer, or a usage error naming the flag.
+int64_t integer(const std::string& flag, const std::string& v) {
+  size_t used = 0;
+  int64_t out = 0;
+  try {
+    out = std::stoll(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != v.size()) usage_error(flag + " needs an integer, got '" + v + "'");
+  return out;
+}
 
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--depth") a.depth = std::stoi(v);
-    else if (k == "--batch") a.batch = std::stoll(v);
-    else if (k == "--steps") a.steps = std::stoi(v);
-    else if (k == "--warmup") a.warmup = std::stoi(v);
-    else if (k == "--window") a.window = std::stoi(v);
-    else if (k == "--image") a.image = std::stoll(v);
+  for (int i = 1; i < argc; i += 2) {
+    const std::string k = argv[i];
+    if (i + 1 >= argc) usage_error("missing value for " + k);
+    const std::string v = argv[i + 1];
+    if (k == "--depth") a.depth = static_cast<int>(integer(k, v));
+    else if (k == "--batch") a.batch = integer(k, v);
+    else if (k == "--steps") a.steps = static_cast<int>(integer(k, v));
+    else if (k == "--warmup") a.warmup = static_cast<int>(integer(k, v));
+    else if (k == "--window") a.window = static_cast<int>(integer(k, v));
+    else if (k == "--image") a.image = integer(k, v);
     else if (k == "--device") a.device = v;
     else if (k == "--precision") a.precision = v;
-    else if (k == "--channels-last") a.channels_last = v == "1";
-    else {
-      std::cerr << "unknown argument " << k << "\n";
-      std::exit(2);
-    }
+    else if (k == "--channels-last") {
+      if (v != "0" && v != "1") usage_error("--channels-last is 0 or 1, got " + v);
+      a.channels_last = v == "1";
+    } else if (k == "--optim-impl") a.optim_impl = v;
+    else usage_error("unknown argument " + k);
+  }
+  if (a.depth != 18 && a.depth != 34 && a.depth != 50) usage_error("--depth is 18, 34 or 50");
+  if (a.precision != "bf16" && a.precision != "fp32") usage_error("--precision is bf16 or fp32, got " + a.precision);
+  if (a.optim_impl != "auto" && a.optim_impl != "fused" && a.optim_impl != "foreach" && a.optim_impl != "loop") {
+    usage_error("--optim-impl is auto, fused, foreach or loop, got " + a.optim_impl);
+  }
+  if (a.batch < 1 || a.image < 1 || a.steps < 1 || a.window < 1 || a.warmup < 0) {
+    usage_error("--batch, --image, --steps and --window must be >= 1, --warmup >= 0");
   }
   return a;
 }
@@ -64,7 +100,13 @@ void sync(const torch::Device& d) {
 
 int main(int argc, char** argv) {
   const Args a = parse(argc, argv);
-  const torch::Device device(a.device);
+  const torch::Device device = [&] {
+    try {
+      return torch::Device(a.device);
+    } catch (const std::exception&) {
+      usage_error("--device: not a device: " + a.device);
+    }
+  }();
   if (device.is_cuda()) at::globalContext().setBenchmarkCuDNN(true);
   at::globalContext().setAllowTF32CuBLAS(true);
   at::globalContext().setAllowTF32CuDNN(true);
@@ -80,7 +122,15 @@ int main(int argc, char** argv) {
   oc.name = "sgd";
   oc.momentum = 0.9;
   oc.weight_decay = 5e-5;
-  auto optimizer = train::make_optimizer(oc, *model, 0.1);
+  oc.impl = a.optim_impl;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  try {
+    optimizer = train::make_optimizer(oc, *model, 0.1);
+  } catch (const std::exception& e) {  // "fused" where this LibTorch has no kernel for the device
+    usage_error(std::string("--optim-impl ") + a.optim_impl + ": " + e.what());
+  }
+  int64_t params = 0;
+  for (const auto& p : model->parameters()) params += p.numel();
 
   auto x = torch::randn({a.batch, 3, a.image, a.image}, torch::TensorOptions().device(device));
   if (a.channels_last) x = x.contiguous(torch::MemoryFormat::ChannelsLast);
@@ -101,7 +151,8 @@ int main(int argc, char** argv) {
       bench::time_windows(step, [&] { sync(device); }, a.warmup, a.steps, a.window, a.batch);
   std::cout << "{\"impl\":\"cpp\",\"depth\":" << a.depth << ",\"batch\":" << a.batch << ",\"image\":" << a.image
             << ",\"precision\":\"" << a.precision << "\",\"channels_last\":" << (a.channels_last ? "true" : "false")
-            << ",\"windows\":" << rates.sorted.size() << ",\"img_per_s\":" << rates.median() << ",\"min\":" << rates.min()
-            << ",\"max\":" << rates.max() << "}" << std::endl;
+            << ",\"optimizer\":\"" << train::optimizer_impl(*optimizer) << "\",\"params\":" << params
+            << ",\"steps\":" << a.steps << ",\"windows\":" << rates.sorted.size() << ",\"img_per_s\":" << rates.median()
+            << ",\"min\":" << rates.min() << ",\"max\":" << rates.max() << "}" << std::endl;
   return 0;
 }

@@ -1,8 +1,15 @@
 """One ResNet training step in Python PyTorch eager, timed exactly like resnet_step.cpp.
 
-torchvision's resnet{18,34,50}, SGD(momentum 0.9, weight decay 5e-5 without decay on biases
-and norm weights, as train's optimizer groups them), cross-entropy, optional bf16 autocast and
-channels_last, a fixed synthetic batch already on the device. Prints one JSON line.
+torchvision's resnet{18,34,50}, SGD(lr 0.1, momentum 0.9, weight decay 5e-5 without decay on
+biases and norm weights, as train's optimizer groups them), cross-entropy, optional bf16 autocast
+and channels_last, a fixed synthetic batch already on the device. Prints one JSON line with the
+optimizer that ran ("sgd fused") and the parameter count, which compare_resnet.py checks against
+the C++ side's.
+
+--optim-impl picks torch.optim.SGD's implementation: fused (fused=True, the kernel train's
+optim.impl auto runs where LibTorch has one), foreach (foreach=True), loop (foreach=False, one
+parameter at a time, as torch::optim::SGD), or default (PyTorch's own choice: foreach on CUDA, the
+loop on CPU). compare_resnet.py passes what the C++ side reports.
 """
 import argparse
 import json
@@ -10,7 +17,7 @@ import json
 import torch
 import torchvision
 
-from step_timing import time_windows
+from step_timing import median, time_windows
 
 
 def main():
@@ -24,9 +31,18 @@ def main():
     p.add_argument("--device", default="cuda")
     p.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
     p.add_argument("--channels-last", type=int, default=1)
-    p.add_argument("--foreach", type=int, default=-1,
-                   help="SGD multi-tensor path: -1 = PyTorch's default (on for CUDA), 0 = per-tensor loop like LibTorch")
+    p.add_argument("--optim-impl", default="fused", choices=["fused", "foreach", "loop", "default"],
+                   help="torch.optim.SGD: fused=True, foreach=True, the per-parameter loop (foreach=False, as "
+                        "torch::optim::SGD), or PyTorch's default (foreach on CUDA, the loop on CPU); "
+                        "compare_resnet.py passes the C++ side's")
     a = p.parse_args()
+    for name in ("batch", "image", "steps", "window"):
+        if getattr(a, name) < 1:
+            p.error(f"--{name} must be >= 1")
+    if a.warmup < 0:
+        p.error("--warmup must be >= 0")
+    if a.depth not in (18, 34, 50):
+        p.error("--depth is 18, 34 or 50")
 
     device = torch.device(a.device)
     torch.backends.cudnn.benchmark = device.type == "cuda"
@@ -38,9 +54,15 @@ def main():
     model = model.to(memory_format=memory_format)
     decay = [q for q in model.parameters() if q.dim() > 1]
     no_decay = [q for q in model.parameters() if q.dim() <= 1]
+    impl = {"fused": {"fused": True}, "foreach": {"foreach": True}, "loop": {"foreach": False},
+            "default": {}}[a.optim_impl]
     optimizer = torch.optim.SGD(
         [{"params": decay, "weight_decay": 5e-5}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=0.1, momentum=0.9, foreach=None if a.foreach < 0 else bool(a.foreach))
+        lr=0.1, momentum=0.9, **impl)
+    if a.optim_impl == "default":  # what PyTorch picks: foreach where all parameters are on CUDA
+        ran = "foreach" if device.type == "cuda" else "loop"
+    else:
+        ran = a.optim_impl
     x = torch.randn(a.batch, 3, a.image, a.image, device=device).contiguous(memory_format=memory_format)
     y = torch.randint(0, 1000, (a.batch,), device=device)
     bf16 = a.precision == "bf16"
@@ -54,8 +76,9 @@ def main():
 
     rates = time_windows(step, device, a.warmup, a.steps, a.window, a.batch)
     print(json.dumps({"impl": "python", "depth": a.depth, "batch": a.batch, "image": a.image,
-                      "precision": a.precision, "channels_last": bool(a.channels_last), "foreach": a.foreach,
-                      "windows": len(rates), "img_per_s": rates[len(rates) // 2],
+                      "precision": a.precision, "channels_last": bool(a.channels_last),
+                      "optimizer": f"sgd {ran}", "params": sum(q.numel() for q in model.parameters()),
+                      "steps": a.steps, "windows": len(rates), "img_per_s": median(rates),
                       "min": rates[0], "max": rates[-1]}), flush=True)
 
 

@@ -1,13 +1,24 @@
 """How the Python step benchmarks time a step (resnet_step.py, bert_step.py), exactly as
 step_timing.h does for their C++ sides: `warmup` steps, then windows of `window` steps until
-`steps` have run, the device synchronised at each window's end; each window's rate is items per
-second. Returns the rates, ascending."""
+exactly `steps` have run (the last window shorter when `window` does not divide `steps`), the
+device synchronised at each window's end; each window's rate is items per second. Returns the
+rates, ascending. The median of an even number of windows is the mean of the two middle ones, on
+both sides."""
 import time
 
 import torch
 
 
+def median(sorted_values):
+    """The median of an ascending, non-empty list, as step_timing.h's median_of_sorted()."""
+    n = len(sorted_values)
+    return sorted_values[n // 2] if n % 2 else (sorted_values[n // 2 - 1] + sorted_values[n // 2]) / 2
+
+
 def time_windows(step, device, warmup, steps, window, items_per_step):
+    if steps < 1 or window < 1 or warmup < 0:
+        raise ValueError(f"steps and window must be >= 1 and warmup >= 0, got {steps}, {window}, {warmup}")
+
     def sync():
         if device.type == "cuda":
             torch.cuda.synchronize()
@@ -16,10 +27,13 @@ def time_windows(step, device, warmup, steps, window, items_per_step):
         step()
     sync()
     rates = []
-    for _ in range(0, steps, window):
+    done = 0
+    while done < steps:
+        n = min(window, steps - done)
         t0 = time.perf_counter()
-        for _ in range(window):
+        for _ in range(n):
             step()
         sync()
-        rates.append(items_per_step * window / (time.perf_counter() - t0))
+        rates.append(items_per_step * n / (time.perf_counter() - t0))
+        done += n
     return sorted(rates)
