@@ -43,6 +43,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from rounds import check_rounds
+
 
 def train_flops_per_sequence(layers, hidden, intermediate, vocab, seq, targets_per_sequence):
     encoder = layers * (4 * hidden * hidden + 2 * hidden * intermediate)
@@ -103,13 +105,7 @@ def main():
     p.add_argument("--peak-tflops", type=float, default=0.0, help="device peak for the precision used")
     p.add_argument("--out", default="")
     a = p.parse_args()
-    if a.rounds < 1:
-        p.error("--rounds must be >= 1")
-    warnings = []
-    if a.rounds < 3 or a.rounds % 2 == 0:
-        warnings.append(f"{a.rounds} rounds: each median is not a middle run (an even count's median is the mean "
-                        f"of the two middle ones); use an odd number >= 3")
-        print(f"warning: {warnings[-1]}", file=sys.stderr, flush=True)
+    warnings = check_rounds(p, a.rounds)
 
     py_script = str(Path(__file__).with_name("bert_step.py"))
     summary = {"config": vars(a)}

@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from rounds import check_rounds
+
 
 def run(cmd):
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=900)
@@ -50,13 +52,7 @@ def main():
                    help="the C++ side's optim.impl; the Python side runs what the C++ side reports")
     p.add_argument("--out", default="")
     a = p.parse_args()
-    if a.rounds < 1:
-        p.error("--rounds must be >= 1")
-    warnings = []
-    if a.rounds < 3 or a.rounds % 2 == 0:
-        warnings.append(f"{a.rounds} rounds: each median is not a middle run (an even count's median is the mean "
-                        f"of the two middle ones); use an odd number >= 3")
-        print(f"warning: {warnings[-1]}", file=sys.stderr, flush=True)
+    warnings = check_rounds(p, a.rounds)
 
     torchrun = str(Path(a.python).with_name("torchrun"))
     common = ["--batch", str(a.batch), "--steps", str(a.steps), "--threads", str(a.threads)]

@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from rounds import check_rounds
+
 # Forward multiply-accumulates at 224x224 (torchvision's reference figures); training is about
 # 3x the forward FLOPs (forward + backward for activations and for weights).
 FORWARD_GMACS_224 = {18: 1.814, 34: 3.664, 50: 4.089}
@@ -60,13 +62,7 @@ def main():
     p.add_argument("--peak-tflops", type=float, default=0.0, help="device peak for the precision used")
     p.add_argument("--out", default="")
     a = p.parse_args()
-    if a.rounds < 1:
-        p.error("--rounds must be >= 1")
-    warnings = []
-    if a.rounds < 3 or a.rounds % 2 == 0:
-        warnings.append(f"{a.rounds} rounds: each median is not a middle run (an even count's median is the mean "
-                        f"of the two middle ones); use an odd number >= 3")
-        print(f"warning: {warnings[-1]}", file=sys.stderr, flush=True)
+    warnings = check_rounds(p, a.rounds)
 
     common = ["--depth", str(a.depth), "--batch", str(a.batch), "--image", str(a.image),
               "--steps", str(a.steps), "--warmup", str(a.warmup), "--window", str(a.window), "--device", a.device,
