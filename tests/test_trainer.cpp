@@ -464,7 +464,7 @@ TEST_CASE("fit: resuming with settings that change the trajectory names each of 
     CHECK_THAT(log, !Catch::Contains("other settings"));
     CHECK_THAT(log, !Catch::Contains("bit for bit"));
   }
-  SECTION("--set optim.lr") {
+  SECTION("optim.lr set on the command line") {
     const std::string log = resume_log(with({"optim.lr=0.05"}), dir, checkpoint);
     CHECK_THAT(log, Catch::Contains(checkpoint + " was written with other settings (optim.lr 0.03333333333333333 -> 0.05): the "
                                                  "resumed run continues with the new ones and will differ from an "
