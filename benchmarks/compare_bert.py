@@ -43,7 +43,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from rounds import check_rounds
+from rounds import check_rounds, spread_flag
 
 
 def train_flops_per_sequence(layers, hidden, intermediate, vocab, seq, targets_per_sequence):
@@ -128,11 +128,7 @@ def main():
             if py_cmd is None:
                 py_cmd = [a.python, py_script] + common + ["--attention", res["attention"],
                                                           "--optim-impl", res["optimizer"].split()[-1]]
-            flag = ""
-            if res["spread"] > a.spread_warn:
-                flag = f"  <- windows spread {100 * res['spread']:.0f} % (> {100 * a.spread_warn:.0f} %)"
-                warnings.append(f"round {r} {name}: windows {res['min']:.1f}-{res['max']:.1f} seq/s, "
-                                f"spread {100 * res['spread']:.0f} %")
+            flag = spread_flag(res, a.spread_warn, "seq/s", f"round {r} {name}", warnings)
             print(f"round {r} {name}: {res['seq_per_s']:.1f} seq/s (windows {res['min']:.1f}-{res['max']:.1f})"
                   f"{flag}", flush=True)
 

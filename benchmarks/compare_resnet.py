@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from rounds import check_rounds
+from rounds import check_rounds, spread_flag
 
 # Forward multiply-accumulates at 224x224 (torchvision's reference figures); training is about
 # 3x the forward FLOPs (forward + backward for activations and for weights).
@@ -80,11 +80,7 @@ def main():
             runs[name].append(res)
             if py_cmd is None:
                 py_cmd = [a.python, py_script] + common + ["--optim-impl", res["optimizer"].split()[-1]]
-            flag = ""
-            if res["spread"] > a.spread_warn:
-                flag = f"  <- windows spread {100 * res['spread']:.0f} % (> {100 * a.spread_warn:.0f} %)"
-                warnings.append(f"round {r} {name}: windows {res['min']:.1f}-{res['max']:.1f} img/s, "
-                                f"spread {100 * res['spread']:.0f} %")
+            flag = spread_flag(res, a.spread_warn, "img/s", f"round {r} {name}", warnings)
             print(f"round {r} {name}: {res['img_per_s']:.1f} img/s (windows {res['min']:.1f}-{res['max']:.1f}, "
                   f"{res['optimizer']}){flag}", flush=True)
 
