@@ -858,6 +858,49 @@ TEST_CASE("train launch runs ranks and stops them all when one fails", "[dist][p
   files::remove_all(dir);
 }
 
+TEST_CASE("a stop signal while a rank reports a failure does not cut the report short", "[dist][process][fault]") {
+  // train launch sends SIGTERM to the other ranks the moment one fails, which is just when they
+  // find out (their collective breaks) and start reporting: undoing the run directory, waiting for
+  // the failed rank's word through the store. Here rank 1 is killed, so rank 0 waits the full 3 s
+  // for a word that never comes, and SIGTERM lands in that wait. It used to take the default
+  // action there (exit 143), with no report and the run directory left as it was.
+  const std::string dir = files::make_temp_directory("train_ddp_stop_in_report_");
+  const std::string config = files::join(dir, "run.yaml");
+  std::ofstream(config) << "model: {name: mlp, in_channels: 1, num_classes: 10}\n"
+                           "data: {kind: synthetic, channels: 1, image_size: 28, synthetic_train_samples: 256,"
+                           " synthetic_val_samples: 32, workers: 0}\n"
+                           "optim: {name: sgd, lr: 0.05}\n"
+                           "trainer: {global_batch: 16, max_steps: 1000000, device: cpu, threads: 1}\n"
+                           "checkpoint: {every_steps: 20}\n"
+                           "distributed: {timeout_s: 30}\n"
+                           "logging: {every_steps: 20, tensorboard: false}\n";
+  const std::string run_dir = files::join(dir, "run");
+  const int port = free_port();
+  std::vector<Proc> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.push_back(spawn({kTrain, "fit", config, "--run-dir", run_dir},
+                          {{"RANK", std::to_string(r)}, {"LOCAL_RANK", std::to_string(r)}, {"WORLD_SIZE", "2"},
+                           {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)}},
+                          files::join(dir, "rank" + std::to_string(r) + ".log")));
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (!files::exists(files::join(run_dir, "checkpoints/step_00000020.pt")) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  REQUIRE(files::exists(files::join(run_dir, "checkpoints/step_00000020.pt")));
+  kill_and_reap(ranks[1]);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // rank 0 is in its 3 s wait by now
+  ::kill(ranks[0].pid, SIGTERM);
+  const int rc = wait_for(ranks[0], 60);
+  if (rc == -1) kill_and_reap(ranks[0]);
+  const std::string out = slurp(ranks[0].log);
+  INFO(out);
+  CHECK(rc == 1);  // its own failure (kExitRuntime), not 128 + SIGTERM
+  CHECK_THAT(out, Catch::Contains("distributed: rank 0 of 2 (gloo)") && Catch::Contains("a peer has died"));
+  files::remove_all(dir);
+}
+
 TEST_CASE("SIGTERM to train launch: every rank stops after the same step, and --resume auto is exact",
           "[dist][process][resume]") {
   const std::string dir = files::make_temp_directory("train_launch_stop_");

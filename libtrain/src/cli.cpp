@@ -56,6 +56,7 @@ static_assert(std::atomic<int64_t>::is_always_lock_free && std::atomic<int>::is_
                   std::atomic<Trainer*>::is_always_lock_free,
               "the stop signal handler needs lock-free atomics");
 std::atomic<Trainer*> g_active_trainer{nullptr};
+std::atomic<int> g_handlers_running{0};   // handlers between reading g_active_trainer and done with it
 std::atomic<int64_t> g_first_stop_ns{0};  // CLOCK_MONOTONIC time of the first stop signal; 0: none yet
 std::atomic<int> g_first_stop_signal{0};
 
@@ -71,7 +72,9 @@ extern "C" void on_stop_signal(int sig) {
   int64_t first = 0;
   if (g_first_stop_ns.compare_exchange_strong(first, now)) {
     g_first_stop_signal.store(sig);
+    g_handlers_running.fetch_add(1);
     if (Trainer* t = g_active_trainer.load()) t->request_stop();
+    g_handlers_running.fetch_sub(1);
   } else if (now - first >= kRepeatSignalSeconds * 1000000000) {
     static const char msg[] = "train: another stop signal; exiting now without a checkpoint\n";
     (void)!::write(STDERR_FILENO, msg, sizeof(msg) - 1);
@@ -83,12 +86,23 @@ extern "C" void on_stop_signal(int sig) {
   errno = saved_errno;
 }
 
-class ScopedStopHandler {
+// The stop signals' handler and its watchdog, from the moment a run starts on its run directory
+// until the command has reported how it ended (run_cli owns it). Before that a stop signal has its
+// default action: nothing is written yet, and a long start (loading, the probe) ends at once.
+// Inside it a stop signal never kills the process outright, wherever it lands:
+//  - while a trainer is attached, it asks it to stop after the current step and checkpoint;
+//  - before the trainer is attached (the run directory is being set up), the trainer gets the
+//    request as soon as it is attached;
+//  - after it is detached (the run failed, and is putting the run directory back and finding out
+//    whether a peer failed first), the cleanup goes on and the error is still reported.
+//    train launch sends SIGTERM to the other ranks as soon as one fails, just when they are busy
+//    doing that; the default action left half a run directory and no word of the cause.
+// The watchdog bounds all of it by trainer.stop_grace_s.
+class StopSignals {
  public:
-  ScopedStopHandler(Trainer& t, double grace_seconds) {
+  explicit StopSignals(double grace_seconds) {
     g_first_stop_ns.store(0);
     g_first_stop_signal.store(0);
-    g_active_trainer.store(&t);
     struct sigaction sa {};
     sa.sa_handler = on_stop_signal;
     sigemptyset(&sa.sa_mask);
@@ -110,12 +124,29 @@ class ScopedStopHandler {
       }
     });
   }
-  ~ScopedStopHandler() {
+  ~StopSignals() {
     done_.store(true);
     watchdog_.join();
     for (size_t i = 0; i < std::size(kStopSignals); ++i) ::sigaction(kStopSignals[i], &previous_[i], nullptr);
-    g_active_trainer.store(nullptr);
   }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+  // The trainer that stop signals go to, for this object's lifetime (declare it after the trainer).
+  class Attach {
+   public:
+    explicit Attach(Trainer& t) {
+      g_active_trainer.store(&t);
+      if (g_first_stop_ns.load() != 0) t.request_stop();  // one that came while the run was being set up
+    }
+    ~Attach() {
+      g_active_trainer.store(nullptr);
+      // A handler that read the pointer just before is done with it before the trainer goes.
+      while (g_handlers_running.load() != 0) std::this_thread::yield();
+    }
+    Attach(const Attach&) = delete;
+    Attach& operator=(const Attach&) = delete;
+  };
 
  private:
   std::atomic<bool> done_{false};
@@ -242,7 +273,8 @@ int cmd_plan(CommonArgs args, bool json, const std::string& device, int64_t worl
 // Creates the run directory and trains. A run stopped by bad input before its first checkpoint
 // puts the run directory back as it found it (removes it when it created it).
 int train_in_run_dir(const Config& config, RunParts& run, const std::string& run_dir, const std::string& resume_path,
-                     bool leader) {
+                     bool leader, std::optional<StopSignals>& stop_signals) {
+  stop_signals.emplace(config.trainer.stop_grace_s);
   std::optional<detail::RunDirSnapshot> before;
   std::optional<detail::RunDirLock> lock;
   if (leader) {
@@ -278,7 +310,7 @@ int train_in_run_dir(const Config& config, RunParts& run, const std::string& run
     {
       Trainer trainer(config, run.plan, run.model, run.train, run.val, run_dir, run.group);
       if (run.record_oom) trainer.on_out_of_memory(run.record_oom);
-      ScopedStopHandler stop(trainer, config.trainer.stop_grace_s);
+      StopSignals::Attach stop(trainer);
       result = trainer.fit(resume_path);
     }
     log::info(log::str("done: ", result.steps, " steps in ", format_duration(result.seconds), "; data wait ",
@@ -325,7 +357,8 @@ int train_in_run_dir(const Config& config, RunParts& run, const std::string& run
   }
 }
 
-int cmd_fit(const CommonArgs& args, std::string run_dir, const std::string& resume) {
+int cmd_fit(const CommonArgs& args, std::string run_dir, const std::string& resume,
+            std::optional<StopSignals>& stop_signals) {
   // Everything that can be rejected is checked before the run directory is touched.
   const Config config = load_config(args.config, args.sets);
   log::set_level(config.logging.level);  // before anything logs (the probe, the plan cache)
@@ -356,7 +389,7 @@ int cmd_fit(const CommonArgs& args, std::string run_dir, const std::string& resu
     if (resume_path.empty() && !config.model.init_from.empty()) {
       check_init_from(config, *run.model);
     }
-    return train_in_run_dir(config, run, run_dir, resume_path, leader);
+    return train_in_run_dir(config, run, run_dir, resume_path, leader, stop_signals);
   });
 }
 
@@ -507,8 +540,11 @@ int run_cli(int argc, char** argv) {
     return code == 0 ? kExitOk : kExitInvalid;
   }
 
+  // Declared before the try: a stop signal that comes while a failed run is reported does not cut
+  // the report short (StopSignals).
+  std::optional<StopSignals> stop_signals;
   try {
-    if (fit->parsed()) return cmd_fit(fit_args, run_dir, resume);
+    if (fit->parsed()) return cmd_fit(fit_args, run_dir, resume, stop_signals);
     if (eval->parsed()) return cmd_eval(eval_args, checkpoint);
     if (check->parsed()) return cmd_check(check_args);
     if (plan->parsed()) return cmd_plan(plan_args, plan_json, plan_device, plan_world_size);
