@@ -1005,6 +1005,31 @@ TEST_CASE("bad_input: a finished run's directory is left unchanged", "[bad_input
                             "--set", "trainer.max_steps=3"},
                            {root + "/train/bee/1.jpg", "JPEG", "left run as it was before this run"}};
        }},
+      {"--resume from an older checkpoint with a metrics.jsonl over 256 KiB, then a truncated JPEG: its rows come back",
+       kExitData,
+       [&](const CaseDir& d) {
+         const std::string root = d.copy_of(s.folder, "folder");
+         d.write("cfg.yaml", s.folder_config(root));
+         const Outcome o = run_train({"fit", "cfg.yaml", "--run-dir", "run", "--set", "trainer.max_steps=2", "--set",
+                                      "checkpoint.every_steps=1"},
+                                     d.path, d.path);
+         INFO(o.err);
+         REQUIRE(o.exit_code == 0);
+         files::remove_file(d / "stdout");
+         files::remove_file(d / "stderr");
+         // Rows after step 1, which the resumed run cuts (more than the snapshot kept of any file).
+         {
+           std::ofstream metrics(d / "run/metrics.jsonl", std::ios::app);
+           for (int i = 0; i < 3000; ++i) {
+             metrics << "{\"step\":2,\"split\":\"train\",\"note\":\"" << std::string(100, 'x') << i << "\"}\n";
+           }
+         }
+         REQUIRE(files::file_size(d / "run/metrics.jsonl") > 256 * 1024);
+         d.write("folder/train/bee/1.jpg", cut(jpeg(32, 1), 250));
+         return Invocation{{"fit", "cfg.yaml", "--run-dir", "run", "--resume", "run/checkpoints/step_00000001.pt",
+                            "--set", "trainer.max_steps=3"},
+                           {root + "/train/bee/1.jpg", "JPEG", "left run as it was before this run"}};
+       }},
       {"eval: a truncated JPEG in the val split", kExitData,
        [&](const CaseDir& d) {
          const std::string root = finished_run(d);

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "atomic_file.h"
 #include "train/errors.h"
 #include "train/files.h"
 
@@ -20,8 +21,16 @@ namespace train::detail {
 namespace {
 
 // Files up to this size are kept byte for byte (config.yaml, plan.json); larger ones (train.log,
-// metrics.jsonl, checkpoints) are only ever appended to or replaced whole, so their size suffices.
+// TensorBoard's events, checkpoints) are only ever appended to or replaced whole, so their size
+// suffices. metrics.jsonl is the exception: a resumed run rewrites it without the rows logged after
+// its checkpoint (MetricsSink::start_after), so it is kept byte for byte at any size a run plausibly
+// reaches (a row is ~200 bytes: over a million rows).
 constexpr int64_t kKeepBytesUpTo = 256 * 1024;
+constexpr int64_t kKeepRewrittenBytesUpTo = int64_t{256} << 20;
+
+int64_t keep_bytes_up_to(const std::string& rel) {
+  return rel == "metrics.jsonl" ? kKeepRewrittenBytesUpTo : kKeepBytesUpTo;
+}
 
 bool lstat_path(const std::string& path, struct stat& info) { return ::lstat(path.c_str(), &info) == 0; }
 
@@ -34,10 +43,14 @@ bool read_bytes(const std::string& path, std::string& out) {
   return !in.bad();
 }
 
+// Whole or not at all (a full disk while putting metrics.jsonl back must not cut it short).
 bool write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << bytes;
-  return static_cast<bool>(out.flush());
+  try {
+    write_text_atomically(path, bytes);
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
 }
 
 bool is_checkpoint_name(const std::string& rel) {
@@ -82,7 +95,7 @@ RunDirSnapshot::RunDirSnapshot(std::string run_dir) : run_dir_(std::move(run_dir
     Entry entry;
     entry.directory = S_ISDIR(info.st_mode);
     entry.size = static_cast<int64_t>(info.st_size);
-    if (S_ISREG(info.st_mode) && entry.size <= kKeepBytesUpTo) {
+    if (S_ISREG(info.st_mode) && entry.size <= keep_bytes_up_to(rel)) {
       entry.has_bytes = read_bytes(files::join(run_dir_, rel), entry.bytes);
     }
     entries_.emplace(rel, std::move(entry));
