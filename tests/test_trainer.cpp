@@ -14,15 +14,19 @@
 
 #include <torch/torch.h>
 
+#include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <iterator>
 #include <limits>
 #include <sstream>
 #include <thread>
+#include <sys/resource.h>
 #include <unistd.h>
 
 using namespace train;
@@ -236,6 +240,73 @@ TEST_CASE("checkpoint: bad files are rejected with the file named", "[trainer][c
   CHECK_THROWS_WITH(load_checkpoint(good, *other.model, nullptr), Catch::Contains("fc2.weight"));
   // No temporary files are left behind by successful saves.
   for (const auto& name : files::list_directory(dir)) CHECK(name.find(".tmp.") == std::string::npos);
+  files::remove_all(dir);
+}
+
+TEST_CASE("checkpoint: a write that fails part way (a full disk) throws naming the file and why; the old one stays",
+          "[trainer][checkpoint]") {
+  register_tiny_mlp();
+  const std::string dir = temp_dir("fullckpt");
+  RunParts run = prepare_run(synthetic_config());
+  const std::string path = checkpoint_path(dir, 3);
+  TrainState st;
+  st.step = 3;
+  save_checkpoint(path, *run.model, nullptr, st);
+  const auto bytes_of = [](const std::string& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string before = bytes_of(path), sum_before = bytes_of(path + ".crc32c");
+  REQUIRE(before.size() > 2048);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : run.model->parameters()) p.add_(1.0);  // another checkpoint at the same step
+  }
+  // Files may not grow past 2 KiB: the writes past it fail (EFBIG) as they would on a full disk.
+  struct rlimit old_limit {};
+  REQUIRE(::getrlimit(RLIMIT_FSIZE, &old_limit) == 0);
+  struct rlimit limit = old_limit;
+  limit.rlim_cur = 2048;
+  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  REQUIRE(::setrlimit(RLIMIT_FSIZE, &limit) == 0);
+  std::string message;
+  try {
+    save_checkpoint(path, *run.model, nullptr, st);  // LibTorch's writer used to terminate the process here
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  ::setrlimit(RLIMIT_FSIZE, &old_limit);
+  std::signal(SIGXFSZ, old_handler);
+  INFO(message);
+  CHECK_THAT(message, Catch::Contains(path) && Catch::Contains(std::strerror(EFBIG)) &&
+                          Catch::Contains("unchanged"));
+  CHECK(bytes_of(path) == before);
+  CHECK(bytes_of(path + ".crc32c") == sum_before);
+  for (const auto& name : files::list_directory(dir)) CHECK(name.find(".tmp.") == std::string::npos);
+  CHECK(latest_checkpoint(dir) == path);
+  files::remove_all(dir);
+}
+
+TEST_CASE("checkpoint: the newest is found and kept by step past step 99,999,999 (9-digit names)",
+          "[trainer][checkpoint]") {
+  register_tiny_mlp();
+  const std::string dir = temp_dir("ckptorder");
+  RunParts run = prepare_run(synthetic_config());
+  for (const int64_t step : {99999998LL, 99999999LL, 100000000LL, 100000001LL}) {
+    TrainState st;
+    st.step = step;
+    save_checkpoint(checkpoint_path(dir, step), *run.model, nullptr, st);
+  }
+  std::ofstream(files::join(dir, "step_notes.pt")) << "not a checkpoint";  // no step: not listed
+  CHECK(files::filename(latest_checkpoint(dir)) == "step_100000001.pt");
+  prune_checkpoints(dir, 2, "");
+  CHECK(files::exists(checkpoint_path(dir, 100000000)));
+  CHECK(files::exists(checkpoint_path(dir, 100000001)));
+  CHECK_FALSE(files::exists(checkpoint_path(dir, 99999999)));
+  CHECK_FALSE(files::exists(checkpoint_path(dir, 99999998)));
+  const auto moved = set_aside_checkpoints_after(dir, 100000000);
+  REQUIRE(moved.size() == 1);
+  CHECK(files::filename(moved[0]) == "step_100000001.pt");
   files::remove_all(dir);
 }
 

@@ -26,18 +26,29 @@ inline void fsync_path(const std::string& path, bool directory) {
   ::close(fd);
 }
 
-// `produce` writes the content through the given sink; returns false on a short write.
+// `produce` writes the content through the given sink, which returns false once a write has
+// failed (later calls write nothing). A producer that cannot stop part way (LibTorch's archive
+// writer, which throws from a destructor when told of a short write) may ignore that: the failure
+// is remembered and reported here, with the system's reason, after `produce` returns.
+// `before_rename`, when given, runs once the new content is complete and synced, just before it
+// replaces the file.
 inline void write_atomically(const std::string& path,
-                             const std::function<void(const std::function<bool(const void*, size_t)>&)>& produce) {
+                             const std::function<void(const std::function<bool(const void*, size_t)>&)>& produce,
+                             const std::function<void()>& before_rename = {}) {
   const std::string dir = files::parent(path);
   files::make_directories(dir);
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   FILE* f = std::fopen(tmp.c_str(), "wb");
   if (!f) throw Error("cannot write " + tmp + ": " + std::strerror(errno));
   bool ok = true;
+  int error = 0;  // errno of the first failure
+  const auto check = [&](bool step_ok) {
+    if (ok && !step_ok) error = errno;
+    ok = ok && step_ok;
+  };
   try {
     produce([&](const void* data, size_t n) {
-      ok = ok && std::fwrite(data, 1, n, f) == n;
+      if (ok) check(std::fwrite(data, 1, n, f) == n);
       return ok;
     });
   } catch (...) {
@@ -45,11 +56,22 @@ inline void write_atomically(const std::string& path,
     std::remove(tmp.c_str());
     throw;
   }
-  ok = ok && std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
-  ok = (std::fclose(f) == 0) && ok;
+  if (ok) check(std::fflush(f) == 0);
+  if (ok) check(::fsync(::fileno(f)) == 0);
+  check(std::fclose(f) == 0);
   if (!ok) {
     std::remove(tmp.c_str());
-    throw Error("failed writing " + tmp + " (disk full?)");
+    throw Error("failed writing " + path + ": " + (error ? std::strerror(error) : "write error") +
+                (error == ENOSPC || error == EDQUOT ? " (free space there, or write elsewhere)" : "") +
+                "; the file there before, if any, is unchanged");
+  }
+  if (before_rename) {
+    try {
+      before_rename();
+    } catch (...) {
+      std::remove(tmp.c_str());
+      throw;
+    }
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     const std::string why = std::strerror(errno);

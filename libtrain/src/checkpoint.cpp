@@ -297,13 +297,23 @@ void save_checkpoint(const std::string& path, const torch::nn::Module& model,
 
   uint32_t crc = 0;
   uint64_t bytes = 0;
+  // A checkpoint written again at the same step (after a rollback, say) loses its old
+  // checksum just before the new file replaces it: a crash between the two renames must not pair
+  // the new file with the old sum (which would reject a good checkpoint); without a sidecar its
+  // ZIP members' CRCs are checked instead.
+  const auto drop_old_sum = [&] {
+    if (files::exists(sum_path(path))) files::remove_file(sum_path(path));
+  };
   detail::write_atomically(path, [&](const auto& sink) {
     archive.save_to([&](const void* data, size_t n) -> size_t {
       crc = crc32c(data, n, crc);
       bytes += n;
-      return sink(data, n) ? n : 0;
+      // Always n: told of a short write, LibTorch's writer throws from its destructor
+      // (std::terminate). write_atomically remembers the failure and throws once save_to returns.
+      sink(data, n);
+      return n;
     });
-  });
+  }, drop_old_sum);
   detail::write_text_atomically(sum_path(path), sum_text(crc, bytes));
 }
 
@@ -425,12 +435,29 @@ std::string checkpoint_path(const std::string& dir, int64_t step) {
 }
 
 namespace {
-std::vector<std::string> list_checkpoints(const std::string& dir) {
-  std::vector<std::string> out;
-  for (const auto& name : files::list_directory(dir)) {  // sorted; zero-padded steps sort by step
-    const bool is_ckpt = name.rfind("step_", 0) == 0 && name.size() > 3 && name.substr(name.size() - 3) == ".pt";
-    if (is_ckpt && files::is_regular_file(files::join(dir, name))) out.push_back(files::join(dir, name));
+// The step of a checkpoint file name "step_<digits>.pt", or -1.
+int64_t checkpoint_step(const std::string& name) {
+  const std::string prefix = "step_", suffix = ".pt";
+  if (name.size() <= prefix.size() + suffix.size() || name.rfind(prefix, 0) != 0 ||
+      name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
+    return -1;
   }
+  const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+  if (digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return std::stoll(digits);
+}
+
+// Oldest first, by step: the names are padded to 8 digits, so past step 99,999,999 their text
+// order is not their step order.
+std::vector<std::string> list_checkpoints(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  for (const auto& name : files::list_directory(dir)) {
+    const int64_t step = checkpoint_step(name);
+    if (step >= 0 && files::is_regular_file(files::join(dir, name))) found.emplace_back(step, name);
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> out;
+  for (const auto& [step, name] : found) out.push_back(files::join(dir, name));
   return out;
 }
 }  // namespace
@@ -453,7 +480,7 @@ std::vector<std::string> set_aside_checkpoints_after(const std::string& dir, int
   const std::string aside = files::join(dir, "abandoned");
   for (const auto& path : list_checkpoints(dir)) {
     const std::string name = files::filename(path);
-    if (std::strtoll(name.c_str() + 5, nullptr, 10) <= step) continue;  // "step_%08lld.pt"
+    if (checkpoint_step(name) <= step) continue;
     files::make_directories(aside);
     for (const std::string& from : {path, sum_path(path)}) {
       const std::string to = files::join(aside, files::filename(from));
