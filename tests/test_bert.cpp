@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <functional>
 
 #include "train/amp.h"
 #include "train/checkpoint.h"
@@ -289,6 +290,38 @@ TEST_CASE("BERT registry builders and config keys", "[bert]") {
   CHECK_THAT(checked->input_problem({16}, 501),
              Catch::Contains("key 'model.vocab_size'") && Catch::Contains("501 tokens"));
   CHECK_THAT(checked->input_problem({1, 28, 28}, 0), Catch::Contains("key 'model.name'"));
+}
+
+TEST_CASE("a checkpoint of a BERT with another head count is refused: the same shapes compute something else",
+          "[bert][checkpoint]") {
+  const std::string dir = train::files::make_temp_directory("train_test_bert_heads_");
+  BertOptions two = tiny(BertHead::kMaskedLM);  // bert-tiny: 2 heads of 64
+  BertOptions four = two;
+  four.num_heads = 4;  // 4 heads of 32: every parameter has the same shape
+  BertModel saved(two), other(four), same(two);
+  CHECK(saved.architecture() == "model.heads=2");
+  const std::string path = train::checkpoint_path(dir, 1);
+  train::save_checkpoint(path, saved, nullptr, {});
+
+  // Resume (load_checkpoint) and evaluation or export (load_model_weights) refuse it, naming both.
+  const auto refusal = [](const std::function<void()>& load) -> std::string {
+    try {
+      load();
+    } catch (const train::CheckpointError& e) {
+      return e.what();
+    }
+    return "(accepted)";
+  };
+  for (const std::string& what : {refusal([&] { train::load_checkpoint(path, other, nullptr); }),
+                                  refusal([&] { train::load_model_weights(path, other); }),
+                                  refusal([&] { train::check_model_weights(path, other); })}) {
+    CHECK_THAT(what, Catch::Contains(path) && Catch::Contains("model.heads=2") && Catch::Contains("model.heads=4"));
+  }
+  // model.init_strict: false loads it with a warning; the matching model loads it silently.
+  CHECK_NOTHROW(train::load_model_weights(path, other, /*strict=*/false));
+  CHECK_NOTHROW(train::load_checkpoint(path, same, nullptr));
+  for (const auto& [name, t] : train::state_dict(same)) CHECK(torch::equal(t, train::state_dict(saved).at(name)));
+  train::files::remove_all(dir);
 }
 
 TEST_CASE("BERT MLM loss falls on a short run", "[bert]") {

@@ -17,6 +17,7 @@
 #include "train/files.h"
 #include "train/log.h"
 #include "train/metrics.h"
+#include "train/models/model.h"
 #include "train/optim.h"
 #include "train/safetensors.h"
 
@@ -53,6 +54,31 @@ void read_model(torch::serialize::InputArchive& archive, torch::nn::Module& mode
     }
     tensor.copy_(stored);
   }
+}
+
+std::string architecture_of(const torch::nn::Module& model) {
+  const auto* m = dynamic_cast<const models::Model*>(&model);
+  return m ? m->architecture() : std::string();
+}
+
+// What the checkpoint's model recorded (models::Model::architecture); "" in checkpoints of models
+// that record nothing, and in those written before train stored it.
+std::string saved_architecture(torch::serialize::InputArchive& archive) {
+  c10::IValue value;
+  return archive.try_read("architecture", value) && value.isString() ? value.toStringRef() : std::string();
+}
+
+// Weights of the same shapes from a model with other settings (BERT's head count) would load and
+// compute something else: refused, or with strict off (model.init_from, init_strict: false) a
+// warning.
+void check_architecture(const std::string& saved, const torch::nn::Module& model, const std::string& path,
+                        bool strict) {
+  const std::string now = architecture_of(model);
+  if (saved.empty() || now.empty() || saved == now) return;
+  const std::string what = path + " was written by a model with " + saved + "; this one has " + now +
+                           " (the same parameter shapes, split differently)";
+  if (strict) throw CheckpointError(what + ": use the checkpoint's setting");
+  log::warn(what + ": loading its weights anyway (model.init_strict: false)");
 }
 
 // Every checkpoint has a sidecar "<file>.crc32c" with the CRC-32C and size of its bytes, written
@@ -291,6 +317,7 @@ void save_checkpoint(const std::string& path, const torch::nn::Module& model,
   archive.write("batch_in_epoch", c10::IValue(state.batch_in_epoch));
   archive.write("samples_seen", c10::IValue(state.samples_seen));
   archive.write("config", c10::IValue(state.config_yaml));
+  if (const std::string arch = architecture_of(model); !arch.empty()) archive.write("architecture", c10::IValue(arch));
   torch::serialize::OutputArchive extra;
   for (const auto& [name, tensor] : state.tensors) extra.write(name, tensor.detach().to(torch::kCPU));
   archive.write("state", extra);
@@ -319,6 +346,7 @@ void save_checkpoint(const std::string& path, const torch::nn::Module& model,
 
 TrainState load_checkpoint(const std::string& path, torch::nn::Module& model, torch::optim::Optimizer* optimizer) {
   auto archive = open_archive(path);
+  check_architecture(saved_architecture(archive), model, path, /*strict=*/true);
   read_model(archive, model, path);
   if (optimizer) {
     torch::serialize::InputArchive opt;
@@ -359,8 +387,10 @@ TrainState load_checkpoint(const std::string& path, torch::nn::Module& model, to
   return state;
 }
 
-std::map<std::string, torch::Tensor> read_checkpoint_weights(const std::string& path) {
+namespace {
+std::map<std::string, torch::Tensor> read_archive_weights(const std::string& path, std::string* architecture) {
   auto archive = open_archive(path);
+  if (architecture) *architecture = saved_architecture(archive);
   torch::serialize::InputArchive weights;
   if (!archive.try_read("model", weights)) throw CheckpointError(path + ": no 'model' entry");
   std::map<std::string, torch::Tensor> out;
@@ -371,6 +401,11 @@ std::map<std::string, torch::Tensor> read_checkpoint_weights(const std::string& 
   }
   return out;
 }
+}  // namespace
+
+std::map<std::string, torch::Tensor> read_checkpoint_weights(const std::string& path) {
+  return read_archive_weights(path, nullptr);
+}
 
 namespace {
 bool is_safetensors_path(const std::string& path) {
@@ -378,8 +413,15 @@ bool is_safetensors_path(const std::string& path) {
   return path.size() >= ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0;
 }
 
-std::map<std::string, torch::Tensor> read_weights(const std::string& path) {
-  return is_safetensors_path(path) ? read_safetensors(path) : read_checkpoint_weights(path);
+// The weights, and the architecture a checkpoint records ("" for a safetensors file) checked
+// against the model's.
+std::map<std::string, torch::Tensor> read_weights(const std::string& path, const torch::nn::Module& model,
+                                                  bool strict) {
+  if (is_safetensors_path(path)) return read_safetensors(path);
+  std::string architecture;
+  auto tensors = read_archive_weights(path, &architecture);
+  check_architecture(architecture, model, path, strict);
+  return tensors;
 }
 
 template <typename Fn>
@@ -396,7 +438,7 @@ auto with_strict_hint(Fn&& fn) {
 }  // namespace
 
 void load_model_weights(const std::string& path, torch::nn::Module& model, bool strict, const WeightRules& rules) {
-  const auto tensors = read_weights(path);
+  const auto tensors = read_weights(path, model, strict);
   const LoadReport report = with_strict_hint([&] { return load_state_dict(model, tensors, strict, path, rules); });
   auto joined = [](const std::vector<std::string>& keys) {
     std::string s;
@@ -424,7 +466,7 @@ void load_model_weights(const std::string& path, torch::nn::Module& model, bool 
 
 void check_model_weights(const std::string& path, const torch::nn::Module& model, bool strict,
                          const WeightRules& rules) {
-  const auto tensors = read_weights(path);
+  const auto tensors = read_weights(path, model, strict);
   with_strict_hint([&] { return match_state_dict(model, tensors, strict, path, rules); });
 }
 

@@ -302,6 +302,8 @@ WeightRules BertModel::weight_rules() const {
   return rules;
 }
 
+std::string BertModel::architecture() const { return "model.heads=" + std::to_string(options_.num_heads); }
+
 ModelPtr make_bert(BertHead head, const ModelConfig& config) {
   BertOptions o = BertOptions::preset(config.preset);
   auto pick = [](int64_t value, int64_t& field) {

@@ -87,6 +87,8 @@ class BertModel : public Model {
   // "classifier." (classifier, BertModel), the other variants' heads are unused, and the MLM
   // decoder's tied copies and the position_ids buffer are redundant.
   WeightRules weight_rules() const override;
+  // "model.heads=N": the head count splits the same projections differently.
+  std::string architecture() const override;
 
   // Last hidden states [B, T, H]. `token_type_ids` may be undefined (all 0); `attention_mask`
   // ([B, T], nonzero = attend) may be undefined (derived from input != pad_id).

@@ -40,6 +40,11 @@ class Model : public torch::nn::Module {
   // How weights from a relative of this model map onto it (model.init_from): its task head, the
   // heads of its other variants, and the tensors such files repeat. The default: an exact match.
   virtual WeightRules weight_rules() const;
+  // The model's settings that its parameter shapes do not show, as "key=value" pairs joined by
+  // ", " (BERT: "model.heads=12"). Checkpoints store it, and loading one written with other
+  // settings is refused: its weights would load without complaint and compute something else.
+  // The default, "": the shapes say it all.
+  virtual std::string architecture() const { return ""; }
 };
 
 using ModelPtr = std::shared_ptr<Model>;
