@@ -817,6 +817,35 @@ TEST_CASE("plan cache: a masked-LM plan is keyed by data.mask_prob since it sets
   files::remove_all(dir);
 }
 
+TEST_CASE("plan cache: dropout, the head count and the optimizer implementation are in the key (activation and "
+          "optimizer memory)", "[plan][probe][bert]") {
+  const std::string dir = temp_dir("settings_cache");
+  write_mlm_corpus(dir, 0);
+  auto plan_with = [&](const std::string& model_extra, const std::string& optim) {
+    const Config c = parse_config(
+        "model: {name: bert-mlm, preset: bert-tiny, vocab_size: 50, num_classes: 50, max_positions: 16" + model_extra +
+            "}\n"
+            "data: {kind: tokens, root: " + dir + ", vocab_file: vocab.txt, seq_len: 16, workers: 0}\n"
+            "optim: {name: adamw, lr: 0.001, impl: " + optim + "}\n"
+            "trainer: {global_batch: 8, max_steps: 1}\n"
+            "tuning: {device: a100-80gb, cache_dir: " + dir + "/cache}\n",
+        "mlm.yaml");
+    return prepare_run(c).plan.memory.source;
+  };
+  CHECK_THAT(plan_with("", "loop"), !Catch::Contains("plan cache"));
+  CHECK_THAT(plan_with("", "loop"), Catch::Contains("plan cache"));
+  // Each of these changes the memory of a step, so neither the plan nor the CPU measurement
+  // behind it may come from the cache (which the same shapes used to hit).
+  for (const auto& [model_extra, optim] : std::vector<std::pair<std::string, std::string>>{
+           {", dropout: 0.0", "loop"}, {", heads: 4", "loop"}, {"", "foreach"}}) {
+    INFO(model_extra << " " << optim);
+    const std::string other = plan_with(model_extra, optim);
+    CHECK_THAT(other, !Catch::Contains("plan cache"));
+    CHECK_THAT(other, !Catch::Contains("measured earlier"));
+  }
+  files::remove_all(dir);
+}
+
 TEST_CASE("a BERT model masks the id its data pads with, not a fixed 0", "[bert][trainer]") {
   const std::string dir = temp_dir("mlm_pad");
   write_mlm_corpus(dir, 5);  // [PAD] is id 5, as in a vocabulary that does not start with it

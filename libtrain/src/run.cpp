@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "compat.h"
@@ -9,6 +10,7 @@
 #include "train/dist.h"
 #include "train/errors.h"
 #include "train/log.h"
+#include "train/models/bert.h"
 #include "train/plan_cache.h"
 #include "train/probe.h"
 
@@ -33,6 +35,22 @@ std::string model_signature(const torch::nn::Module& model) {
   return std::to_string(models::count_parameters(model)) + " params, shapes " + buf;
 }
 
+// What, beside the parameter shapes, sets a model's activation memory: the settings its shapes do
+// not show (BERT's head count: the attention maps), dropout (its masks are kept for backward) and
+// the attention implementation (the fused kernels keep no T x T maps).
+std::string model_settings(const models::Model& model) {
+  std::string out = model.architecture();
+  double dropout = 0.0;
+  for (const auto& module : model.modules(/*include_self=*/false)) {
+    if (const auto* d = module->as<torch::nn::Dropout>()) dropout = std::max(dropout, d->options.p());
+  }
+  out += (out.empty() ? "" : ", ") + (dropout > 0.0 ? "dropout " + log::fixed(dropout, 3) : std::string("no dropout"));
+  if (const auto* bert = dynamic_cast<const models::BertModel*>(&model)) {
+    out += bert->attention() == models::BertAttention::kFused ? ", fused attention" : ", plain attention";
+  }
+  return out;
+}
+
 // Which outputs the probe's loss reads: every sample's, or (masked-LM) only the masked positions,
 // whose share sets the size of the head's logits and so the memory per sample.
 double target_fraction(const Config& config) { return config.data.kind == "tokens" ? config.data.mask_prob : 1.0; }
@@ -42,10 +60,12 @@ std::string targets_string(const Config& config) {
   return f >= 1.0 ? "every position" : "masked positions, mask_prob " + log::fixed(f, 3);
 }
 
-// The optimizer as far as memory goes: the state it keeps per parameter.
+// The optimizer as far as memory goes: the state it keeps per parameter, and the implementation
+// (the multi-tensor one allocates temporaries for the whole parameter list).
 std::string optimizer_string(const Config& config) {
-  if (config.optim.name == "sgd") return config.optim.momentum != 0.0 ? "sgd, momentum" : "sgd, no momentum";
-  return config.optim.name;
+  const std::string impl = ", impl " + config.optim.impl;
+  if (config.optim.name == "sgd") return (config.optim.momentum != 0.0 ? "sgd, momentum" : "sgd, no momentum") + impl;
+  return config.optim.name + impl;
 }
 
 std::string shape_string(const std::vector<int64_t>& shape) {
@@ -66,6 +86,7 @@ PlanCacheKey cache_key(const Config& config, const DeviceProfile& device, const 
   key.add("cudnn", torch::cuda::is_available() ? std::to_string(at::detail::getCUDAHooks().versionCuDNN()) : "none");
 #endif
   key.add("model", model_signature(model));
+  key.add("model_settings", model_settings(model));
   key.add("input", shape_string(input_shape));
   key.add("targets", targets_string(config));
   key.add("world_size", std::to_string(world_size));
@@ -101,6 +122,7 @@ MemoryFit cpu_measurement_for_named_device(const Config& config, models::Model& 
   key.add("measurement", "fp32 probe on this machine's CPU, for plans of named devices");
   key.add("libtorch", compat::torch_version());
   key.add("model", model_signature(model));
+  key.add("model_settings", model_settings(model));
   key.add("input", shape_string(options.input_shape));
   key.add("targets", targets_string(config));
   key.add("optimizer", optimizer_string(config));
