@@ -310,6 +310,60 @@ TEST_CASE("checkpoint: the newest is found and kept by step past step 99,999,999
   files::remove_all(dir);
 }
 
+namespace {
+// tests/data/checkpoint-libtorch-1.13-sgd-momentum.pt: a tiny_mlp checkpoint at step 1 with SGD
+// momentum buffers, written by the test binary built against Debian's LibTorch 1.13 with
+//   build-1.13/bin/train_tests "[.write_fixture]"   (from the repository root)
+const char* const kFixture113 = "tests/data/checkpoint-libtorch-1.13-sgd-momentum.pt";
+
+RunParts momentum_run(std::unique_ptr<torch::optim::Optimizer>& optimizer) {
+  register_tiny_mlp();
+  Config c = synthetic_config();
+  c.optim.momentum = 0.9;
+  RunParts run = prepare_run(c);
+  optimizer = make_optimizer(c.optim, *run.model, 0.1);
+  return run;
+}
+}  // namespace
+
+TEST_CASE("checkpoint fixture: write the LibTorch 1.13 checkpoint (run by hand on a 1.13 build)", "[.write_fixture]") {
+  REQUIRE(TORCH_VERSION_MAJOR == 1);
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  RunParts run = momentum_run(optimizer);
+  torch::manual_seed(3);
+  run.model->forward(torch::randn({4, 1, 8, 8})).sum().backward();
+  optimizer->step();
+  TrainState st;
+  st.step = 1;
+  st.config_yaml = to_yaml(synthetic_config("optim.momentum=0.9"));
+  save_checkpoint(files::join(TRAIN_SOURCE_DIR, kFixture113), *run.model, optimizer.get(), st);
+}
+
+TEST_CASE("checkpoint: optimizer state written by LibTorch 1.13 resumes on 1.13 and is refused with a way out on 2.x",
+          "[trainer][checkpoint]") {
+  const std::string path = files::join(TRAIN_SOURCE_DIR, kFixture113);
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  RunParts run = momentum_run(optimizer);
+  // The weights read on every version (train eval, export, model.init_from).
+  CHECK_NOTHROW(load_checkpoint(path, *run.model, nullptr));
+  CHECK_NOTHROW(load_model_weights(path, *run.model));
+  if (TORCH_VERSION_MAJOR == 1) {
+    CHECK(load_checkpoint(path, *run.model, optimizer.get()).step == 1);
+    CHECK(optimizer->state().size() == run.model->parameters().size());  // a momentum buffer each
+  } else {
+    // 2.x read 1.13's hex keys as 0: one parameter got the last state, the others none.
+    std::string message;
+    try {
+      load_checkpoint(path, *run.model, optimizer.get());
+    } catch (const CheckpointError& e) {
+      message = e.what();
+    }
+    CHECK_THAT(message, Catch::Contains(path) && Catch::Contains("LibTorch 1.x") &&
+                            Catch::Contains("model.init_from: " + path));
+    CHECK(optimizer->state().empty());
+  }
+}
+
 TEST_CASE("fit: a short ResNet run on synthetic data lowers the loss and writes metrics", "[trainer][e2e]") {
   const std::string dir = temp_dir("fit");
   Config c = parse_config(

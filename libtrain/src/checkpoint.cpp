@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "atomic_file.h"
+#include "compat.h"
 #include "train/errors.h"
 #include "train/files.h"
 #include "train/log.h"
@@ -353,6 +354,15 @@ TrainState load_checkpoint(const std::string& path, torch::nn::Module& model, to
     if (!archive.try_read("optimizer", opt)) throw CheckpointError(path + ": no 'optimizer' entry");
     // LibTorch's load replaces each group's options (weight decay, momentum, betas, eps) with the
     // saved ones; the optimizer as the caller built it, from today's config, keeps its own.
+    torch::serialize::InputArchive groups, group;  // LibTorch's layout: param_groups/param_groups/0/params/0
+    c10::IValue key;
+    if (opt.try_read("param_groups", groups) && groups.try_read("param_groups/0", group) &&
+        group.try_read("params/0", key) && key.isString() &&
+        !compat::reads_saved_optimizer_key(key.toStringRef())) {
+      throw CheckpointError(path + ": its optimizer state was written by LibTorch 1.x, which keys it in a form LibTorch " +
+                            compat::torch_version() + " cannot read back; resume it with LibTorch 1.x, or start " +
+                            "a run from its weights alone with model.init_from: " + path + " (a fresh optimizer)");
+    }
     std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> configured;
     for (const auto& group : optimizer->param_groups()) configured.push_back(group.options().clone());
     try {

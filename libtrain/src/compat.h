@@ -194,6 +194,14 @@ inline OptimizerStateKey optimizer_state_key(const torch::Tensor& param) {
   return key;
 }
 
+// Whether Optimizer::load here reads back a saved state key (the text "params/N" of a saved param
+// group holds). 1.13 saved the address as hex text ("0x55d0c3a1b2c0") and compares keys as text, so
+// it reads its own and the later decimal ones. The pointer-keyed versions parse the text with
+// std::stoull, which reads hex text as 0: every parameter's state would land on one key.
+inline bool reads_saved_optimizer_key(const std::string& saved) {
+  return std::is_same_v<OptimizerStateKey, std::string> || saved.rfind("0x", 0) != 0;
+}
+
 }  // namespace train::compat
 
 // ---- c10d (only for the translation units that define TRAIN_COMPAT_C10D before including) ----
