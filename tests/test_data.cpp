@@ -555,6 +555,32 @@ TEST_CASE("Distributed shards follow DistributedSampler", "[data]") {
   CHECK(shard(2, false, true)[3] == shard(1, false, true)[0]);
 }
 
+TEST_CASE("on_error skip in a one-sample dataset says there is no other sample", "[data]") {
+  const auto dataset = std::make_shared<IndexDataset>(1, /*throw_at=*/0);
+  LoaderOptions options = index_options(1);
+  options.on_error = OnError::Skip;
+  Loader loader(dataset, options);
+  loader.start({0, 0});
+  try {
+    loader.next();
+    FAIL("expected a DataError");
+  } catch (const train::DataError& e) {
+    const std::string message = e.what();
+    CHECK_THAT(message, Contains("sample 0") && Contains("cannot decode record") &&
+                            Contains("the dataset has no other sample to replace it"));
+    CHECK_THAT(message, !Contains("0 samples"));
+  }
+  // Two samples, both failing: one sample after it, named as one.
+  class AllFail : public IndexDataset {
+   public:
+    AllFail() : IndexDataset(2) {}
+    Example get(int64_t, uint64_t) const override { throw std::runtime_error("cannot decode record"); }
+  };
+  Loader two(std::make_shared<AllFail>(), options);
+  two.start({0, 0});
+  CHECK_THROWS_WITH(two.next(), Contains("the one sample after it fails to load too"));
+}
+
 TEST_CASE("start() resumes exactly at a position without loading earlier batches", "[data]") {
   const auto dataset = std::make_shared<IndexDataset>(23, -1, /*jitter=*/true);
   const LoaderOptions options = index_options(4, /*workers=*/2);

@@ -206,8 +206,13 @@ struct Loader::Impl {
       } catch (...) {
       }
     }
-    rethrow_with_context(context + "; data.on_error is skip, but the " + std::to_string(attempts) +
-                         " samples after it fail to load too");
+    if (attempts == 0) {
+      rethrow_with_context(context + "; data.on_error is skip, but the dataset has no other sample to replace it");
+    }
+    rethrow_with_context(context + "; data.on_error is skip, but " +
+                         (attempts == 1 ? std::string("the one sample after it fails")
+                                        : "the " + std::to_string(attempts) + " samples after it fail") +
+                         " to load too");
   }
 
   // The dataset's one-pass batch of order[begin, end), if it has that path. Any error there
