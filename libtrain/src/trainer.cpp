@@ -86,27 +86,6 @@ void token_loss_rescale(torch::nn::Module& model, double factor) {
   }
 }
 
-// Rank r's share of a dataset for evaluation: samples r, r + W, r + 2W, ... without the padding
-// a training sampler adds, so that the sums over all ranks count every sample exactly once.
-class ShardView final : public data::Dataset {
- public:
-  ShardView(data::DatasetPtr base, int64_t rank, int64_t world) : base_(std::move(base)), rank_(rank), world_(world) {}
-  int64_t size() const override { return std::max<int64_t>(0, (base_->size() - rank_ + world_ - 1) / world_); }
-  data::Example get(int64_t index, uint64_t seed) const override { return base_->get(index * world_ + rank_, seed); }
-  data::Batch collate(std::vector<data::Example>&& examples) const override {
-    return base_->collate(std::move(examples));
-  }
-  std::vector<int64_t> input_shape() const override { return base_->input_shape(); }
-  int64_t num_classes() const override { return base_->num_classes(); }
-  std::string describe() const override {
-    return base_->describe() + log::str(" (rank ", rank_, "'s share of ", world_, ")");
-  }
-
- private:
-  data::DatasetPtr base_;
-  int64_t rank_, world_;
-};
-
 // Moves batches to the GPU one batch ahead, on a side stream: the copy of batch k+1 from pinned
 // host memory runs while the compute stream works on batch k. The compute stream waits on an
 // event before it touches a batch, and the batch's memory is marked as used by the compute stream
@@ -637,9 +616,16 @@ EvalResult Trainer::evaluate() {
   lo.prefetch = s.plan.prefetch;
   lo.pin_memory = s.plan.pin_memory;
   lo.on_error = data::parse_on_error(s.config.data.on_error);
-  const data::DatasetPtr val = s.group ? std::make_shared<ShardView>(s.val_set, s.group->rank(), s.group->size())
-                                      : s.val_set;
-  data::Loader loader(val, lo);
+  // Rank r of W evaluates samples r, r + W, ... once each (no padding, so that the sums over the
+  // ranks count every sample once), as the dataset's own indices: each sample gets the seed (the
+  // MLM masks), the substitute under data.on_error skip and the name in errors that a single
+  // process gives it, and the dataset's one-pass batches (get_batch) still apply.
+  if (s.group) {
+    lo.rank = s.group->rank();
+    lo.world_size = s.group->size();
+    lo.pad = false;
+  }
+  data::Loader loader(s.val_set, lo);
   loader.start({0, 0});
   torch::NoGradGuard no_grad;
   s.model->eval();
