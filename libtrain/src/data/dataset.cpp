@@ -439,8 +439,10 @@ DatasetPtr make_tokens(const DataConfig& config, Split split) {
     if (id >= 0) options.keys[field] = std::string("data.") + field + "_id";
   }
   if (!config.vocab_file.empty()) {
-    const VocabInfo vocab = read_vocab_file(in_root(config, config.vocab_file));
+    options.vocab_file = in_root(config, config.vocab_file);
+    const VocabInfo vocab = read_vocab_file(options.vocab_file);
     if (options.vocab_size == 0) options.vocab_size = vocab.size;
+    options.vocab_file_size = vocab.size;
     SpecialTokens& special = options.special;
     for (auto field : {&SpecialTokens::pad, &SpecialTokens::unk, &SpecialTokens::cls, &SpecialTokens::sep,
                        &SpecialTokens::mask}) {
