@@ -24,10 +24,12 @@
 #include <train/run.h>
 #include <train/trainer.h>
 
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <set>
 #include <mutex>
 #include <sstream>
 #include <thread>
@@ -721,6 +723,86 @@ TEST_CASE("distributed evaluation: each rank masks a sample as one process does 
   CHECK(two[1].samples == one.samples);
   CHECK(two[0].loss == Approx(one.loss).epsilon(1e-6));
   CHECK(two[0].accuracy == Approx(one.accuracy).epsilon(1e-9));
+  files::remove_all(dir);
+}
+
+namespace {
+
+// The training set with samples that cannot be loaded.
+class BadSamples final : public data::Dataset {
+ public:
+  BadSamples(data::DatasetPtr base, std::set<int64_t> bad) : base_(std::move(base)), bad_(std::move(bad)) {}
+  int64_t size() const override { return base_->size(); }
+  data::Example get(int64_t index, uint64_t seed) const override {
+    if (bad_.count(index) != 0) throw DataError("sample " + std::to_string(index) + " is damaged");
+    return base_->get(index, seed);
+  }
+  std::vector<int64_t> input_shape() const override { return base_->input_shape(); }
+  int64_t num_classes() const override { return base_->num_classes(); }
+  std::string describe() const override { return base_->describe() + " (damaged samples)"; }
+
+ private:
+  data::DatasetPtr base_;
+  std::set<int64_t> bad_;
+};
+
+}  // namespace
+
+TEST_CASE("data.on_error skip on 2 ranks: a resumed run counts each rank's samples replaced before its checkpoint",
+          "[dist][resume][data]") {
+  register_test_models();
+  const std::string dir = files::make_temp_directory("train_ddp_skip_");
+  // 16 samples a step in order, the even ones on rank 0 and the odd ones on rank 1: before the
+  // step-4 checkpoint rank 1 replaces 5 and 7 and rank 0 replaces 40; after it, rank 0 100 and
+  // rank 1 131. Each rank's own count, before and after, in one number.
+  const Config config = load_config(write_config(dir, "skip", "distributed: {timeout_s: 60}\n"),
+                                    {"data.on_error=skip", "data.shuffle=false", "trainer.max_steps=12",
+                                     "checkpoint.every_steps=4", "checkpoint.keep_last=5", "tuning.micro_batch=8"});
+  const std::set<int64_t> bad = {5, 7, 40, 100, 131};
+  // Both ranks in this process, in threads, sharing the run directory.
+  auto fit_two = [&](const std::string& run_dir, const std::string& resume) {
+    const int port = free_port();
+    std::array<FitResult, 2> results;
+    std::array<std::string, 2> failure;
+    std::array<std::thread, 2> ranks;
+    for (int64_t r = 0; r < 2; ++r) {
+      ranks[static_cast<size_t>(r)] = std::thread([&, r] {
+        try {
+          dist::Env env;
+          env.rank = env.local_rank = r;
+          env.world_size = env.local_world_size = 2;
+          env.master_port = port;
+          env.launcher = "test";
+          RunOptions options;
+          options.env = env;
+          RunParts run = prepare_run(config, options);
+          Trainer trainer(config, run.plan, run.model, std::make_shared<BadSamples>(run.train, bad), nullptr, run_dir,
+                          run.group);
+          results[static_cast<size_t>(r)] = trainer.fit(resume);
+        } catch (const std::exception& e) {
+          failure[static_cast<size_t>(r)] = e.what();
+        }
+      });
+    }
+    for (auto& t : ranks) t.join();
+    INFO("rank 0: " << failure[0] << "\nrank 1: " << failure[1]);
+    REQUIRE(failure[0].empty());
+    REQUIRE(failure[1].empty());
+    return results;
+  };
+  const std::string dir_a = files::join(dir, "a"), dir_b = files::join(dir, "b");
+  const auto uninterrupted = fit_two(dir_a, "");
+  CHECK(uninterrupted[0].skipped_samples == 2);
+  CHECK(uninterrupted[1].skipped_samples == 3);
+
+  files::make_directories(files::join(dir_b, "checkpoints"));
+  const std::string step4 = checkpoint_path(files::join(dir_b, "checkpoints"), 4);
+  files::copy_file(checkpoint_path(files::join(dir_a, "checkpoints"), 4), step4);
+  const auto resumed = fit_two(dir_b, step4);
+  CHECK(resumed[0].resumed_from_step == 4);
+  CHECK(resumed[0].steps == 12);
+  CHECK(resumed[0].skipped_samples == uninterrupted[0].skipped_samples);
+  CHECK(resumed[1].skipped_samples == uninterrupted[1].skipped_samples);
   files::remove_all(dir);
 }
 
