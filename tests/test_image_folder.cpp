@@ -1163,6 +1163,31 @@ TEST_CASE("uint8 ImageFolder batches normalised on the device match the float pi
   CHECK_THAT(config_error(idx, Split::Train), Contains("data.uint8 applies to image_folder only"));
 }
 
+TEST_CASE("normalize_on_device to bf16 rounds once: every byte value within half a bf16 ulp", "[data][image_folder]") {
+  const std::vector<double> mean = {0.485, 0.456, 0.406};
+  const std::vector<double> stddev = {0.229, 0.224, 0.225};
+  // Every byte value in each channel: [1, 3, 16, 16].
+  const torch::Tensor bytes = torch::arange(256, torch::kLong).to(torch::kByte).view({1, 1, 16, 16}).repeat({1, 3, 1, 1});
+  const torch::Tensor output = normalize_on_device(Batch{bytes, torch::zeros({1}, torch::kLong)}, mean, stddev,
+                                                   torch::kBFloat16).input;
+  REQUIRE(output.scalar_type() == torch::kBFloat16);
+  const torch::Tensor actual = output.to(torch::kDouble);
+  double worst = 0;  // in half-ulps
+  for (int64_t c = 0; c < 3; ++c) {
+    for (int64_t v = 0; v < 256; ++v) {
+      const double expected = (static_cast<double>(v) / 255.0 - mean[c]) / stddev[c];
+      const double got = actual[0][c][v / 16][v % 16].item<double>();
+      // bf16 keeps 8 significant bits: half an ulp of a value in [2^e, 2^(e+1)) is 2^(e-8). The
+      // float arithmetic before the one rounding adds at most a few float ulps.
+      const double half_ulp = std::ldexp(1.0, std::ilogb(expected) - 8);
+      INFO("channel " << c << ", byte " << v << ": " << got << " for " << expected);
+      CHECK(std::abs(got - expected) <= half_ulp + 1e-6);
+      worst = std::max(worst, std::abs(got - expected) / half_ulp);
+    }
+  }
+  CHECK(worst > 0.5);  // values are rounded (the bound above is tight)
+}
+
 // The reference: the pipeline as composed from LibTorch ops (decode, crop, ATen's antialiased
 // bilinear interpolate, flip, normalise), which the dataset's one-pass resampler replaces.
 torch::Tensor reference_sample(const std::string& path, Split split, int64_t side, int64_t resize,
