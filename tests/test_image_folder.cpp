@@ -1211,12 +1211,46 @@ torch::Tensor reference_sample(const std::string& path, Split split, int64_t sid
     image = resize_bilinear(crop.to(torch::kFloat).contiguous(), side, side);
     if (rng.below(2) == 1) image = hflip(image);
   } else {
-    const torch::Tensor decoded = decode_image(path, resize);
-    image = center_crop(resize_shorter_side(decoded.to(torch::kFloat).contiguous(), resize), side);
+    // torchvision's Resize of the full-size image (int(resize x longer / shorter) for the longer
+    // side), from the part of a JPEG's reduced decode that covers the full image.
+    const torch::Tensor full = decode_image(path);
+    const int64_t height = full.size(1), width = full.size(2);
+    const bool jpeg = path.size() > 4 && path.substr(path.size() - 4) == ".jpg";
+    const int d = jpeg ? choose_jpeg_scale(width, height, resize) : 1;
+    const torch::Tensor decoded = d == 1 ? full : decode_image(path, resize);
+    const CropBox box = scale_crop_box(CropBox{0, 0, height, width}, width, height, d);
+    const torch::Tensor covered = decoded.narrow(1, box.top, box.height).narrow(2, box.left, box.width);
+    const int64_t out_height = height <= width ? resize : resize * height / width;
+    const int64_t out_width = height <= width ? resize * width / height : resize;
+    image = center_crop(resize_bilinear(covered.to(torch::kFloat).contiguous(), out_height, out_width), side);
   }
   if (!scale_to_unit) return image;
   image = image / 255.0;
   return mean.empty() ? image : normalize(image, mean, stddev);
+}
+
+TEST_CASE("the validation resize is sized from the full image as torchvision's Resize", "[data][image_folder]") {
+  // 2049x1024 at resize 256: torchvision gives 256 x int(256 x 2049 / 1024) = 256 x 512. Decoded at
+  // 1/4 the JPEG is 513x256; its first 512 columns cover the image.
+  CHECK(choose_jpeg_scale(2049, 1024, 256) == 4);
+  const ResizeGeometry wide = validation_resize(2049, 1024, 4, 256);
+  CHECK(wide.out_height == 256);
+  CHECK(wide.out_width == 512);
+  CHECK(wide.source.top == 0);
+  CHECK(wide.source.left == 0);
+  CHECK(wide.source.height == 256);
+  CHECK(wide.source.width == 512);
+  CHECK(wide.image_width == 2049);
+  // Portrait, and full size (a PNG).
+  const ResizeGeometry tall = validation_resize(375, 500, 1, 55);
+  CHECK(tall.out_width == 55);
+  CHECK(tall.out_height == 73);  // int(55 x 500 / 375) = int(73.3)
+  CHECK(tall.source.height == 500);
+  CHECK(tall.source.width == 375);
+  CHECK_THROWS_AS(validation_resize(0, 10, 1, 8), std::invalid_argument);
+
+  // The images decoded at a reduced scale are compared with this geometry in the resampler test below
+  // (val/a/6.jpg, 2049x1024).
 }
 
 TEST_CASE("ImageFolder's one-pass resampler matches ATen's antialiased resize, crop and flip",
@@ -1232,6 +1266,9 @@ TEST_CASE("ImageFolder's one-pass resampler matches ATen's antialiased resize, c
     write_png(a + "/4.png", pattern(70, 50, 4, 4));       // RGBA: 4-byte pixels
     write_jpeg(a + "/5.jpg", pattern(60, 45, 4, 5));      // CMYK: 4-byte pixels
   }
+  // Decoded at 1/8 (257x128), whose last column covers one pixel of the full image: resized as
+  // the full 2049x1024 is, from the decoded 256x128 that covers it.
+  write_jpeg(dir / "val/a/6.jpg", pattern(2049, 1024, 3, 6));
   const std::vector<double> mean = {0.485, 0.456, 0.406};
   const std::vector<double> stddev = {0.229, 0.224, 0.225};
   train::DataConfig config = folder_config(dir.path);
