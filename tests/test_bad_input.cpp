@@ -665,6 +665,21 @@ TEST_CASE("bad_input: models and data that do not fit each other exit 2 naming t
          return Invocation{{"fit", "cfg.yaml", "--set", "data.vocab_size=10"},
                            {"--set data.vocab_size=10", "key 'data.vocab_size'", "50 tokens"}};
        }},
+      // BERT's vocab.txt has [MASK] at 103: data.vocab_size 100 leaves it out, whatever the token file says.
+      {"data.vocab_size below the vocab file's [MASK] id", kExitConfig,
+       [&](const CaseDir& d) {
+         std::string vocab = "[PAD]\n[UNK]\n[CLS]\n[SEP]\n";
+         for (int i = 4; i < 110; ++i) vocab += i == 103 ? std::string("[MASK]\n") : "w" + std::to_string(i) + "\n";
+         d.write("tokens/vocab.txt", vocab);
+         train::data::TokenFileOptions options;
+         options.vocab_size = 100;
+         const std::vector<std::vector<int64_t>> docs = {{10, 11, 12, 13}, {20, 21, 22}, {30, 31}, {40, 41, 42}};
+         for (const char* split : {"train.tokens", "val.tokens"}) {
+           train::data::write_token_file(d / ("tokens/" + std::string(split)), docs, options);
+         }
+         d.write("cfg.yaml", replace(s.tokens_config(d / "tokens", ", vocab_size: 100"), "vocab_size: 50", "vocab_size: 128"));
+         return Invocation{{"fit", "cfg.yaml"}, {"cfg.yaml:2:", "key 'data.vocab_size'", "vocab.txt", "110 tokens"}};
+       }},
   };
   run_cases(cases);
 }

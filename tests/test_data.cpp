@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <optional>
@@ -553,6 +554,81 @@ TEST_CASE("Distributed shards follow DistributedSampler", "[data]") {
   const std::vector<int64_t> rank0 = shard(0, false, true);
   CHECK(shard(1, false, true)[3] == rank0[0]);
   CHECK(shard(2, false, true)[3] == shard(1, false, true)[0]);
+}
+
+TEST_CASE("Evaluation shards (pad false) read every sample once with the seed one rank gives it", "[data]") {
+  const auto dataset = std::make_shared<IndexDataset>(10);
+  LoaderOptions options = index_options(3);
+  options.drop_last = false;
+  options.shuffle = false;
+  Loader single(dataset, options);
+  std::map<int64_t, torch::Tensor> expected;  // index -> [index, seed]
+  for (const Batch& batch : run_epoch(single, {0, 0})) {
+    for (int64_t i = 0; i < batch.size(); ++i) expected[batch.target[i].item<int64_t>()] = batch.input[i];
+  }
+  REQUIRE(expected.size() == 10);
+
+  options.pad = false;
+  options.world_size = 3;
+  std::map<int64_t, int> seen;
+  const std::vector<std::vector<int64_t>> shards = {{0, 3, 6, 9}, {1, 4, 7}, {2, 5, 8}};
+  for (int64_t rank = 0; rank < 3; ++rank) {
+    INFO("rank " << rank);
+    options.rank = rank;
+    Loader loader(dataset, options);
+    CHECK(loader.samples_per_epoch() == static_cast<int64_t>(shards[rank].size()));
+    const std::vector<Batch> batches = run_epoch(loader, {0, 0});
+    CHECK(targets_of(batches) == shards[rank]);
+    for (const Batch& batch : batches) {
+      for (int64_t i = 0; i < batch.size(); ++i) {
+        const int64_t index = batch.target[i].item<int64_t>();
+        ++seen[index];
+        CHECK(torch::equal(batch.input[i], expected.at(index)));  // the same per-sample seed
+      }
+    }
+  }
+  CHECK(seen.size() == 10);
+  for (const auto& [index, count] : seen) CHECK(count == 1);
+
+  // More ranks than samples: the last ones read nothing.
+  options.world_size = 12;
+  options.rank = 11;
+  Loader empty(dataset, options);
+  CHECK(empty.samples_per_epoch() == 0);
+  CHECK(empty.batches_per_epoch() == 0);
+  CHECK(run_epoch(empty, {0, 0}).empty());
+  // Padding applies only without drop_last; with it, pad changes nothing.
+  options.world_size = 3;
+  options.rank = 1;
+  options.drop_last = true;
+  Loader dropping(dataset, options);
+  CHECK(targets_of(run_epoch(dropping, {0, 0})) == std::vector<int64_t>{1, 4, 7});
+}
+
+TEST_CASE("on_error skip in a one-sample dataset says there is no other sample", "[data]") {
+  const auto dataset = std::make_shared<IndexDataset>(1, /*throw_at=*/0);
+  LoaderOptions options = index_options(1);
+  options.on_error = OnError::Skip;
+  Loader loader(dataset, options);
+  loader.start({0, 0});
+  try {
+    loader.next();
+    FAIL("expected a DataError");
+  } catch (const train::DataError& e) {
+    const std::string message = e.what();
+    CHECK_THAT(message, Contains("sample 0") && Contains("cannot decode record") &&
+                            Contains("the dataset has no other sample to replace it"));
+    CHECK_THAT(message, !Contains("0 samples"));
+  }
+  // Two samples, both failing: one sample after it, named as one.
+  class AllFail : public IndexDataset {
+   public:
+    AllFail() : IndexDataset(2) {}
+    Example get(int64_t, uint64_t) const override { throw std::runtime_error("cannot decode record"); }
+  };
+  Loader two(std::make_shared<AllFail>(), options);
+  two.start({0, 0});
+  CHECK_THROWS_WITH(two.next(), Contains("the one sample after it fails to load too"));
 }
 
 TEST_CASE("start() resumes exactly at a position without loading earlier batches", "[data]") {

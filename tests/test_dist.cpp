@@ -12,6 +12,8 @@
 
 #include <train/checkpoint.h>
 #include <train/config.h>
+#include <train/data/token_file.h>
+#include <train/data/tokens.h>
 #include <train/ddp.h>
 #include <train/dist.h>
 #include <train/errors.h>
@@ -22,10 +24,13 @@
 #include <train/run.h>
 #include <train/trainer.h>
 
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <set>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
@@ -559,6 +564,246 @@ TEST_CASE("GradSync: a second backward in one synchronising step is an error", "
   sync.prepare(true);
   net->forward(x).sum().backward();
   CHECK_NOTHROW(sync.finish());
+}
+
+namespace {
+
+// A dataset that records, per index, the samples the loader built (through get or get_batch) and
+// how many one-pass batches it was asked for.
+class RecordingDataset final : public data::Dataset {
+ public:
+  explicit RecordingDataset(data::DatasetPtr base) : base_(std::move(base)) {}
+  int64_t size() const override { return base_->size(); }
+  data::Example get(int64_t index, uint64_t seed) const override {
+    data::Example example = base_->get(index, seed);
+    std::lock_guard<std::mutex> lock(mutex_);
+    seen_[index].push_back(example);
+    return example;
+  }
+  std::optional<data::Batch> get_batch(const std::vector<int64_t>& indices, const std::vector<uint64_t>& seeds,
+                                       bool) const override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      ++batches_;
+    }
+    std::vector<data::Example> examples;
+    for (size_t i = 0; i < indices.size(); ++i) examples.push_back(get(indices[i], seeds[i]));
+    return collate(std::move(examples));
+  }
+  std::vector<int64_t> input_shape() const override { return base_->input_shape(); }
+  int64_t num_classes() const override { return base_->num_classes(); }
+  std::string describe() const override { return "recording " + base_->describe(); }
+  int64_t vocab_size() const override { return base_->vocab_size(); }
+  int64_t pad_id() const override { return base_->pad_id(); }
+
+  std::map<int64_t, std::vector<data::Example>> seen() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return seen_;
+  }
+  int64_t batches() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return batches_;
+  }
+
+ private:
+  data::DatasetPtr base_;
+  mutable std::mutex mutex_;
+  mutable std::map<int64_t, std::vector<data::Example>> seen_;
+  mutable int64_t batches_ = 0;
+};
+
+// An embedding and a linear layer over token ids.
+class TinyTokenModel : public models::Model {
+ public:
+  explicit TinyTokenModel(int64_t vocab)
+      : embed_(register_module("embed", torch::nn::Embedding(vocab, 8))),
+        out_(register_module("out", torch::nn::Linear(8, vocab))) {}
+  torch::Tensor forward(const torch::Tensor& x) override { return out_(torch::tanh(embed_(x))); }
+
+ private:
+  torch::nn::Embedding embed_;
+  torch::nn::Linear out_;
+};
+
+}  // namespace
+
+TEST_CASE("distributed evaluation: each rank masks a sample as one process does and reads each sample once",
+          "[dist][tokens]") {
+  const std::string dir = files::make_temp_directory("train_ddp_eval_");
+  // 13 documents of 6..17 words from [5, 40): 13 samples, 7 on rank 0 and 6 on rank 1.
+  std::vector<std::vector<int64_t>> documents;
+  for (int64_t d = 0; d < 13; ++d) {
+    documents.emplace_back();
+    for (int64_t t = 0; t < 6 + d; ++t) documents.back().push_back(5 + (d * 11 + t * 7) % 35);
+  }
+  data::TokenFileOptions file_options;
+  file_options.vocab_size = 40;
+  file_options.special = {0, 1, 2, 3, 4};
+  const std::string path = files::join(dir, "val.tokens");
+  data::write_token_file(path, documents, file_options);
+  data::TokenDatasetOptions options;
+  options.path = path;
+  options.seq_len = 20;
+  options.pack = false;
+  options.mlm.mask_prob = 0.3;  // several masked positions per sample, so that masks tell seeds apart
+  const auto tokens = std::make_shared<data::TokenDataset>(options);
+  REQUIRE(tokens->size() == 13);
+
+  const Config config = parse_config("model: {name: mlp, in_channels: 1, num_classes: 10}\n"
+                                     "data: {kind: synthetic, channels: 1, image_size: 28, synthetic_train_samples: 64,"
+                                     " synthetic_val_samples: 8, workers: 1}\n"
+                                     "trainer: {global_batch: 4, max_steps: 1, device: cpu, threads: 1, eval_batch: 3}\n"
+                                     "distributed: {timeout_s: 60}\n",
+                                     "eval.yaml");
+  const RunParts run = prepare_run(config);  // for the plan; the model and data are the test's
+  // The same weights for every evaluation (made here: the threads below share the generator).
+  std::vector<models::ModelPtr> replicas;
+  for (int i = 0; i < 3; ++i) {
+    torch::manual_seed(1);
+    replicas.push_back(std::make_shared<TinyTokenModel>(40));
+  }
+  // Evaluates `val` as rank `rank` of `world` (a single process when world is 1).
+  auto evaluate = [&](const std::shared_ptr<RecordingDataset>& val, int64_t rank, int64_t world, int port) {
+    dist::GroupPtr group;
+    if (world > 1) {
+      dist::Env env;
+      env.rank = env.local_rank = rank;
+      env.world_size = env.local_world_size = world;
+      env.master_port = port;
+      env.launcher = "test";
+      group = dist::Group::create(env, config.distributed, "cpu");
+    }
+    Plan plan = run.plan;
+    plan.rank = rank;
+    plan.world_size = world;
+    Trainer trainer(config, plan, replicas[static_cast<size_t>(world == 1 ? 2 : rank)], run.train, val, "", group);
+    return trainer.evaluate();
+  };
+
+  const auto single = std::make_shared<RecordingDataset>(tokens);
+  const EvalResult one = evaluate(single, 0, 1, 0);
+  const auto sharded = std::make_shared<RecordingDataset>(tokens);
+  const int port = free_port();
+  EvalResult two[2];
+  std::string failure[2];
+  std::thread ranks[2];
+  for (int64_t r = 0; r < 2; ++r) {
+    ranks[r] = std::thread([&, r] {
+      try {
+        two[r] = evaluate(sharded, r, 2, port);
+      } catch (const std::exception& e) {
+        failure[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  INFO("rank 0: " << failure[0] << "\nrank 1: " << failure[1]);
+  REQUIRE(failure[0].empty());
+  REQUIRE(failure[1].empty());
+
+  // Every sample once, as the dataset's own index, with the inputs (masks) and targets it has on
+  // one process.
+  const auto expected = single->seen();
+  const auto actual = sharded->seen();
+  REQUIRE(expected.size() == 13);
+  REQUIRE(actual.size() == 13);
+  for (const auto& [index, examples] : actual) {
+    INFO("sample " << index);
+    REQUIRE(examples.size() == 1);
+    REQUIRE(expected.count(index) == 1);
+    CHECK(torch::equal(examples[0].input, expected.at(index)[0].input));
+    CHECK(torch::equal(examples[0].target, expected.at(index)[0].target));
+  }
+  // The masks differ from sample to sample (else the comparison above proves little).
+  CHECK_FALSE(torch::equal(expected.at(0).at(0).target.ne(-100), expected.at(1).at(0).target.ne(-100)));
+  // The one-pass batch path is taken on each rank too, and the sums are the single process's.
+  CHECK(single->batches() == 5);   // 13 samples in batches of 3
+  CHECK(sharded->batches() == 5);  // 7 on rank 0 (3 batches), 6 on rank 1 (2)
+  CHECK(two[0].samples == one.samples);
+  CHECK(two[1].samples == one.samples);
+  CHECK(two[0].loss == Approx(one.loss).epsilon(1e-6));
+  CHECK(two[0].accuracy == Approx(one.accuracy).epsilon(1e-9));
+  files::remove_all(dir);
+}
+
+namespace {
+
+// The training set with samples that cannot be loaded.
+class BadSamples final : public data::Dataset {
+ public:
+  BadSamples(data::DatasetPtr base, std::set<int64_t> bad) : base_(std::move(base)), bad_(std::move(bad)) {}
+  int64_t size() const override { return base_->size(); }
+  data::Example get(int64_t index, uint64_t seed) const override {
+    if (bad_.count(index) != 0) throw DataError("sample " + std::to_string(index) + " is damaged");
+    return base_->get(index, seed);
+  }
+  std::vector<int64_t> input_shape() const override { return base_->input_shape(); }
+  int64_t num_classes() const override { return base_->num_classes(); }
+  std::string describe() const override { return base_->describe() + " (damaged samples)"; }
+
+ private:
+  data::DatasetPtr base_;
+  std::set<int64_t> bad_;
+};
+
+}  // namespace
+
+TEST_CASE("data.on_error skip on 2 ranks: a resumed run counts each rank's samples replaced before its checkpoint",
+          "[dist][resume][data]") {
+  register_test_models();
+  const std::string dir = files::make_temp_directory("train_ddp_skip_");
+  // 16 samples a step in order, the even ones on rank 0 and the odd ones on rank 1: before the
+  // step-4 checkpoint rank 1 replaces 5 and 7 and rank 0 replaces 40; after it, rank 0 100 and
+  // rank 1 131. Each rank's own count, before and after, in one number.
+  const Config config = load_config(write_config(dir, "skip", "distributed: {timeout_s: 60}\n"),
+                                    {"data.on_error=skip", "data.shuffle=false", "trainer.max_steps=12",
+                                     "checkpoint.every_steps=4", "checkpoint.keep_last=5", "tuning.micro_batch=8"});
+  const std::set<int64_t> bad = {5, 7, 40, 100, 131};
+  // Both ranks in this process, in threads, sharing the run directory.
+  auto fit_two = [&](const std::string& run_dir, const std::string& resume) {
+    const int port = free_port();
+    std::array<FitResult, 2> results;
+    std::array<std::string, 2> failure;
+    std::array<std::thread, 2> ranks;
+    for (int64_t r = 0; r < 2; ++r) {
+      ranks[static_cast<size_t>(r)] = std::thread([&, r] {
+        try {
+          dist::Env env;
+          env.rank = env.local_rank = r;
+          env.world_size = env.local_world_size = 2;
+          env.master_port = port;
+          env.launcher = "test";
+          RunOptions options;
+          options.env = env;
+          RunParts run = prepare_run(config, options);
+          Trainer trainer(config, run.plan, run.model, std::make_shared<BadSamples>(run.train, bad), nullptr, run_dir,
+                          run.group);
+          results[static_cast<size_t>(r)] = trainer.fit(resume);
+        } catch (const std::exception& e) {
+          failure[static_cast<size_t>(r)] = e.what();
+        }
+      });
+    }
+    for (auto& t : ranks) t.join();
+    INFO("rank 0: " << failure[0] << "\nrank 1: " << failure[1]);
+    REQUIRE(failure[0].empty());
+    REQUIRE(failure[1].empty());
+    return results;
+  };
+  const std::string dir_a = files::join(dir, "a"), dir_b = files::join(dir, "b");
+  const auto uninterrupted = fit_two(dir_a, "");
+  CHECK(uninterrupted[0].skipped_samples == 2);
+  CHECK(uninterrupted[1].skipped_samples == 3);
+
+  files::make_directories(files::join(dir_b, "checkpoints"));
+  const std::string step4 = checkpoint_path(files::join(dir_b, "checkpoints"), 4);
+  files::copy_file(checkpoint_path(files::join(dir_a, "checkpoints"), 4), step4);
+  const auto resumed = fit_two(dir_b, step4);
+  CHECK(resumed[0].resumed_from_step == 4);
+  CHECK(resumed[0].steps == 12);
+  CHECK(resumed[0].skipped_samples == uninterrupted[0].skipped_samples);
+  CHECK(resumed[1].skipped_samples == uninterrupted[1].skipped_samples);
+  files::remove_all(dir);
 }
 
 TEST_CASE("ranks that resume from different steps stop with the reason", "[dist][process][resume]") {

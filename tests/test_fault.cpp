@@ -10,6 +10,7 @@
 #include <train/errors.h>
 #include <train/files.h>
 #include <train/models/model.h>
+#include <train/optim.h>
 #include <train/probe.h>
 #include <train/run.h>
 #include <train/trainer.h>
@@ -19,6 +20,7 @@
 #include <atomic>
 #include <limits>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -375,6 +377,74 @@ TEST_CASE("data.on_error skip: a sample in a step redone after a rollback counts
   }
   poison(1000, 1000);
   files::remove_all(dir);
+}
+
+// The training set with samples that cannot be loaded.
+class BadSamples : public data::Dataset {
+ public:
+  BadSamples(data::DatasetPtr base, std::set<int64_t> bad) : base_(std::move(base)), bad_(std::move(bad)) {}
+  int64_t size() const override { return base_->size(); }
+  data::Example get(int64_t index, uint64_t seed) const override {
+    if (bad_.count(index) != 0) throw DataError("sample " + std::to_string(index) + " is damaged");
+    return base_->get(index, seed);
+  }
+  std::vector<int64_t> input_shape() const override { return base_->input_shape(); }
+  int64_t num_classes() const override { return base_->num_classes(); }
+  std::string describe() const override { return base_->describe() + " (damaged samples)"; }
+
+ private:
+  data::DatasetPtr base_;
+  std::set<int64_t> bad_;
+};
+
+TEST_CASE("data.on_error skip: a resumed run counts the samples replaced before its checkpoint",
+          "[fault][data][resume]") {
+  // 8 steps of 32 per epoch, in order: samples 5, 70 (before the step-4 checkpoint) and 200 in epoch
+  // 0, then 5 and 70 again in epoch 1's first 4 steps; 5 in all.
+  const Config config = config_for("poisoned_mlp", {"trainer.max_steps=12", "checkpoint.every_steps=4", "checkpoint.keep_last=5",
+                                                    "data.on_error=skip", "data.shuffle=false"});
+  poison(1000, 1000);
+  const std::set<int64_t> bad = {5, 70, 200};
+  const std::string dir_a = temp_dir("skip_resume_a"), dir_b = temp_dir("skip_resume_b");
+  torch::manual_seed(0);
+  RunParts run = prepare_run(config);
+  FitResult uninterrupted;
+  {
+    Trainer trainer(config, run.plan, run.model, std::make_shared<BadSamples>(run.train, bad), nullptr, dir_a);
+    uninterrupted = trainer.fit();
+  }
+  CHECK(uninterrupted.skipped_samples == 5);
+
+  const std::string step4 = checkpoint_path(files::join(dir_a, "checkpoints"), 4);
+  auto resume = [&](const std::string& checkpoint) {
+    files::remove_all(dir_b);
+    files::make_directories(files::join(dir_b, "checkpoints"));
+    const std::string copy = checkpoint_path(files::join(dir_b, "checkpoints"), 4);
+    files::copy_file(checkpoint, copy);
+    torch::manual_seed(0);
+    RunParts again = prepare_run(config);
+    Trainer trainer(config, again.plan, again.model, std::make_shared<BadSamples>(again.train, bad), nullptr, dir_b);
+    return trainer.fit(copy);
+  };
+  const FitResult resumed = resume(step4);
+  CHECK(resumed.resumed_from_step == 4);
+  CHECK(resumed.steps == 12);
+  CHECK(resumed.skipped_samples == uninterrupted.skipped_samples);
+
+  // A checkpoint written before the count was saved still loads; it counts from the resume.
+  {
+    RunParts scratch = prepare_run(config);
+    auto optimizer = make_optimizer(config.optim, *scratch.model, run.plan.lr);
+    TrainState st = load_checkpoint(step4, *scratch.model, optimizer.get());
+    REQUIRE(st.tensors.count("trainer/skipped_samples") == 1);
+    CHECK(st.tensors.at("trainer/skipped_samples").size(0) == 2);  // (rank, epoch, index) of 5 and 70
+    st.tensors.erase("trainer/skipped_samples");
+    const std::string older = files::join(dir_a, "older.pt");
+    save_checkpoint(older, *scratch.model, optimizer.get(), st);
+    CHECK(resume(older).skipped_samples == 3);
+  }
+  files::remove_all(dir_a);
+  files::remove_all(dir_b);
 }
 
 TEST_CASE("out of memory: the plan cache remembers the micro-batch that fits for the next run", "[fault][oom][plan]") {

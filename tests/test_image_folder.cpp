@@ -1163,6 +1163,31 @@ TEST_CASE("uint8 ImageFolder batches normalised on the device match the float pi
   CHECK_THAT(config_error(idx, Split::Train), Contains("data.uint8 applies to image_folder only"));
 }
 
+TEST_CASE("normalize_on_device to bf16 rounds once: every byte value within half a bf16 ulp", "[data][image_folder]") {
+  const std::vector<double> mean = {0.485, 0.456, 0.406};
+  const std::vector<double> stddev = {0.229, 0.224, 0.225};
+  // Every byte value in each channel: [1, 3, 16, 16].
+  const torch::Tensor bytes = torch::arange(256, torch::kLong).to(torch::kByte).view({1, 1, 16, 16}).repeat({1, 3, 1, 1});
+  const torch::Tensor output = normalize_on_device(Batch{bytes, torch::zeros({1}, torch::kLong)}, mean, stddev,
+                                                   torch::kBFloat16).input;
+  REQUIRE(output.scalar_type() == torch::kBFloat16);
+  const torch::Tensor actual = output.to(torch::kDouble);
+  double worst = 0;  // in half-ulps
+  for (int64_t c = 0; c < 3; ++c) {
+    for (int64_t v = 0; v < 256; ++v) {
+      const double expected = (static_cast<double>(v) / 255.0 - mean[c]) / stddev[c];
+      const double got = actual[0][c][v / 16][v % 16].item<double>();
+      // bf16 keeps 8 significant bits: half an ulp of a value in [2^e, 2^(e+1)) is 2^(e-8). The
+      // float arithmetic before the one rounding adds at most a few float ulps.
+      const double half_ulp = std::ldexp(1.0, std::ilogb(expected) - 8);
+      INFO("channel " << c << ", byte " << v << ": " << got << " for " << expected);
+      CHECK(std::abs(got - expected) <= half_ulp + 1e-6);
+      worst = std::max(worst, std::abs(got - expected) / half_ulp);
+    }
+  }
+  CHECK(worst > 0.5);  // values are rounded (the bound above is tight)
+}
+
 // The reference: the pipeline as composed from LibTorch ops (decode, crop, ATen's antialiased
 // bilinear interpolate, flip, normalise), which the dataset's one-pass resampler replaces.
 torch::Tensor reference_sample(const std::string& path, Split split, int64_t side, int64_t resize,
@@ -1186,12 +1211,46 @@ torch::Tensor reference_sample(const std::string& path, Split split, int64_t sid
     image = resize_bilinear(crop.to(torch::kFloat).contiguous(), side, side);
     if (rng.below(2) == 1) image = hflip(image);
   } else {
-    const torch::Tensor decoded = decode_image(path, resize);
-    image = center_crop(resize_shorter_side(decoded.to(torch::kFloat).contiguous(), resize), side);
+    // torchvision's Resize of the full-size image (int(resize x longer / shorter) for the longer
+    // side), from the part of a JPEG's reduced decode that covers the full image.
+    const torch::Tensor full = decode_image(path);
+    const int64_t height = full.size(1), width = full.size(2);
+    const bool jpeg = path.size() > 4 && path.substr(path.size() - 4) == ".jpg";
+    const int d = jpeg ? choose_jpeg_scale(width, height, resize) : 1;
+    const torch::Tensor decoded = d == 1 ? full : decode_image(path, resize);
+    const CropBox box = scale_crop_box(CropBox{0, 0, height, width}, width, height, d);
+    const torch::Tensor covered = decoded.narrow(1, box.top, box.height).narrow(2, box.left, box.width);
+    const int64_t out_height = height <= width ? resize : resize * height / width;
+    const int64_t out_width = height <= width ? resize * width / height : resize;
+    image = center_crop(resize_bilinear(covered.to(torch::kFloat).contiguous(), out_height, out_width), side);
   }
   if (!scale_to_unit) return image;
   image = image / 255.0;
   return mean.empty() ? image : normalize(image, mean, stddev);
+}
+
+TEST_CASE("the validation resize is sized from the full image as torchvision's Resize", "[data][image_folder]") {
+  // 2049x1024 at resize 256: torchvision gives 256 x int(256 x 2049 / 1024) = 256 x 512. Decoded at
+  // 1/4 the JPEG is 513x256; its first 512 columns cover the image.
+  CHECK(choose_jpeg_scale(2049, 1024, 256) == 4);
+  const ResizeGeometry wide = validation_resize(2049, 1024, 4, 256);
+  CHECK(wide.out_height == 256);
+  CHECK(wide.out_width == 512);
+  CHECK(wide.source.top == 0);
+  CHECK(wide.source.left == 0);
+  CHECK(wide.source.height == 256);
+  CHECK(wide.source.width == 512);
+  CHECK(wide.image_width == 2049);
+  // Portrait, and full size (a PNG).
+  const ResizeGeometry tall = validation_resize(375, 500, 1, 55);
+  CHECK(tall.out_width == 55);
+  CHECK(tall.out_height == 73);  // int(55 x 500 / 375) = int(73.3)
+  CHECK(tall.source.height == 500);
+  CHECK(tall.source.width == 375);
+  CHECK_THROWS_AS(validation_resize(0, 10, 1, 8), std::invalid_argument);
+
+  // The images decoded at a reduced scale are compared with this geometry in the resampler test below
+  // (val/a/6.jpg, 2049x1024).
 }
 
 TEST_CASE("ImageFolder's one-pass resampler matches ATen's antialiased resize, crop and flip",
@@ -1207,6 +1266,9 @@ TEST_CASE("ImageFolder's one-pass resampler matches ATen's antialiased resize, c
     write_png(a + "/4.png", pattern(70, 50, 4, 4));       // RGBA: 4-byte pixels
     write_jpeg(a + "/5.jpg", pattern(60, 45, 4, 5));      // CMYK: 4-byte pixels
   }
+  // Decoded at 1/8 (257x128), whose last column covers one pixel of the full image: resized as
+  // the full 2049x1024 is, from the decoded 256x128 that covers it.
+  write_jpeg(dir / "val/a/6.jpg", pattern(2049, 1024, 3, 6));
   const std::vector<double> mean = {0.485, 0.456, 0.406};
   const std::vector<double> stddev = {0.229, 0.224, 0.225};
   train::DataConfig config = folder_config(dir.path);

@@ -396,6 +396,93 @@ TEST_CASE("Special ids come from the options, else the file, and missing ones ar
              Contains("holds no tokens"));
 }
 
+TEST_CASE("data.vocab_size below the vocab file's ids is the key's error and not the token file's", "[data][tokens]") {
+  TempDir dir;
+  // Token ids below 100, but the vocab file has 110 entries with [MASK] at 103 (BERT's layout).
+  std::string vocab = "[PAD]\n[UNK]\n[CLS]\n[SEP]\n";
+  for (int i = 4; i < 110; ++i) vocab += i == 103 ? std::string("[MASK]\n") : "w" + std::to_string(i) + "\n";
+  std::ofstream(dir / "vocab.txt") << vocab;
+  TokenFileOptions bare;
+  bare.vocab_size = 100;
+  write_token_file(dir / "train.tokens", random_corpus(8, 4, 100, 3), bare);
+  const train::Config config = train::parse_config(
+      "model: {name: bert-tiny}\ntrainer: {global_batch: 8, epochs: 1}\n"
+      "data:\n  kind: tokens\n  root: " + dir.path + "\n  vocab_file: vocab.txt\n  vocab_size: 100\n",
+      "mlm.yaml");
+  try {
+    make_dataset(config.data, Split::Train);
+    FAIL("expected a ConfigError");
+  } catch (const train::ConfigError& e) {
+    CHECK(e.exit_code() == 2);
+    CHECK_THAT(std::string(e.what()), Contains("key 'data.vocab_size'") && Contains("100") &&
+                                          Contains(dir / "vocab.txt") && Contains("110 tokens"));
+    // The key is located in the config like any other key's error.
+    CHECK_THAT(train::locate_config_error(config, e.what()), Contains("mlm.yaml:7:"));
+  }
+  train::DataConfig fits = config.data;
+  fits.vocab_size = 112;
+  const DatasetPtr dataset = make_dataset(fits, Split::Train);
+  CHECK(dataset->num_classes() == 112);
+  CHECK(dynamic_cast<const TokenDataset&>(*dataset).special().mask == 103);
+
+  // Without a vocab file: an id of the token file's header that the configured vocab_size leaves
+  // out names the key too.
+  TokenFileOptions header = small_vocab();
+  write_token_file(dir / "header.tokens", kSmallCorpus, header);
+  TokenDatasetOptions options = dataset_options(dir / "header.tokens", 8);
+  options.vocab_size = 30;
+  options.special.mask = 40;  // as a vocab file gives it, without a key of its own
+  options.keys["vocab_size"] = "data.vocab_size";
+  try {
+    TokenDataset d(options);
+    FAIL("expected a ConfigError");
+  } catch (const train::ConfigError& e) {
+    CHECK_THAT(std::string(e.what()), Contains("key 'data.vocab_size'") && Contains("mask token id 40"));
+  }
+}
+
+TEST_CASE("MLM random replacements come from the data's vocabulary and not the rounded-up logits", "[data][tokens]") {
+  TempDir dir;
+  // Vocabulary of 10: specials 0..4, words 5..9; 16 logits.
+  write_token_file(dir / "small.tokens", random_corpus(30, 5, 10, 4), small_vocab(10));
+  TokenDatasetOptions options = dataset_options(dir / "small.tokens", 24);
+  options.vocab_size = 16;
+  options.mlm = MlmOptions{1.0, 0.0, 1.0};  // every word replaced by a random one
+  const TokenDataset dataset(options);
+  CHECK(dataset.num_classes() == 16);
+  CHECK(dataset.data_vocab_size() == 10);
+  std::set<int64_t> drawn;
+  for (int64_t i = 0; i < dataset.size(); ++i) {
+    for (const int64_t id : as_vector(dataset.get(i, 100 + i).input)) drawn.insert(id);
+  }
+  CHECK(*drawn.rbegin() < 10);
+  CHECK(drawn.count(5) + drawn.count(9) == 2);  // the whole range of words is drawn
+
+  // With a vocab file, its size is the data's vocabulary (here 12 > the token file's 10).
+  std::ofstream(dir / "vocab.txt") << "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\na\nb\nc\nd\ne\nf\ng\n";
+  const train::Config config = train::parse_config(
+      "model: {name: bert-tiny}\ntrainer: {global_batch: 8, epochs: 1}\n"
+      "data: {kind: tokens, root: " + dir.path + ", train_tokens: small.tokens, vocab_file: vocab.txt,"
+      " vocab_size: 16, seq_len: 24, mask_prob: 1.0, mask_token_prob: 0.0, random_token_prob: 1.0}\n",
+      "mlm.yaml");
+  const DatasetPtr from_config = make_dataset(config.data, Split::Train);
+  CHECK(from_config->num_classes() == 16);
+  std::set<int64_t> drawn_config;
+  for (int64_t i = 0; i < from_config->size(); ++i) {
+    for (const int64_t id : as_vector(from_config->get(i, 7 + i).input)) drawn_config.insert(id);
+  }
+  CHECK(*drawn_config.rbegin() < 12);
+  CHECK(drawn_config.count(11) == 1);
+
+  // The masker itself: draws below draw_size, which may not exceed the logits.
+  const MlmMasker masker(MlmOptions{1.0, 0.0, 1.0}, 16, -1, {0, 1, 2, 3, 4}, 10);
+  SplitMix64 rng(5);
+  std::set<int64_t> draws;
+  for (int i = 0; i < 2000; ++i) draws.insert(masker.random_token(rng));
+  CHECK(draws == std::set<int64_t>{5, 6, 7, 8, 9});
+  CHECK_THROWS_AS(MlmMasker(MlmOptions{}, 16, 4, {}, 17), std::invalid_argument);
+}
+
 // ---- masking ------------------------------------------------------------------------------------
 
 TEST_CASE("MLM masking rates: 15% selected, 80/10/10, special tokens never touched", "[data][tokens]") {

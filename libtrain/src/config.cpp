@@ -310,8 +310,8 @@ std::vector<Key> build_schema() {
       data("pack", &D::pack,
            "tokens: concatenate documents into full sequences; false = one padded sample per document"),
       data("vocab_size", &D::vocab_size,
-           "tokens: logits per position (at least the token file's vocabulary); 0 = the vocab file's, else the "
-           "token file's")
+           "tokens: logits per position (at least the vocab file's and the token file's vocabulary; may be "
+           "rounded up); 0 = the vocab file's, else the token file's")
           .at_least(0)
           .at_most(limits::kMaxVocab),
       data("pad_id", &D::pad_id,
@@ -338,7 +338,8 @@ std::vector<Key> build_schema() {
           .at_least(0)
           .at_most(1),
       data("random_token_prob", &D::random_token_prob,
-           "tokens: share of the selected replaced by a random non-special token; the rest stay unchanged")
+           "tokens: share of the selected replaced by a random non-special token of the data's vocabulary (not "
+           "data.vocab_size's extra ids); the rest stay unchanged")
           .at_least(0)
           .at_most(1),
       data("train_tsv", &D::train_tsv, "tsv: training file in root, one text<TAB>label per line"),

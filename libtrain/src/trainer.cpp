@@ -86,27 +86,6 @@ void token_loss_rescale(torch::nn::Module& model, double factor) {
   }
 }
 
-// Rank r's share of a dataset for evaluation: samples r, r + W, r + 2W, ... without the padding
-// a training sampler adds, so that the sums over all ranks count every sample exactly once.
-class ShardView final : public data::Dataset {
- public:
-  ShardView(data::DatasetPtr base, int64_t rank, int64_t world) : base_(std::move(base)), rank_(rank), world_(world) {}
-  int64_t size() const override { return std::max<int64_t>(0, (base_->size() - rank_ + world_ - 1) / world_); }
-  data::Example get(int64_t index, uint64_t seed) const override { return base_->get(index * world_ + rank_, seed); }
-  data::Batch collate(std::vector<data::Example>&& examples) const override {
-    return base_->collate(std::move(examples));
-  }
-  std::vector<int64_t> input_shape() const override { return base_->input_shape(); }
-  int64_t num_classes() const override { return base_->num_classes(); }
-  std::string describe() const override {
-    return base_->describe() + log::str(" (rank ", rank_, "'s share of ", world_, ")");
-  }
-
- private:
-  data::DatasetPtr base_;
-  int64_t rank_, world_;
-};
-
 // Moves batches to the GPU one batch ahead, on a side stream: the copy of batch k+1 from pinned
 // host memory runs while the compute stream works on batch k. The compute stream waits on an
 // event before it touches a batch, and the batch's memory is marked as used by the compute stream
@@ -239,6 +218,36 @@ struct Trainer::Impl {
     for (const auto& sample : loader->skipped_samples()) count += retired_skipped.count(sample) == 0;
     return count;
   }
+  // data.on_error skip: the samples replaced so far on every rank, as rows (rank, epoch, index),
+  // for the checkpoint, so that a resumed run counts them as the uninterrupted one does. A
+  // collective with more than one rank: every rank calls it at the same step.
+  torch::Tensor skipped_rows() const {
+    std::set<std::pair<int64_t, int64_t>> mine = retired_skipped;
+    mine.insert(loader->skipped_samples().begin(), loader->skipped_samples().end());
+    const int64_t world = group ? group->size() : 1;
+    const int64_t rank = group ? group->rank() : 0;
+    std::vector<int64_t> counts(static_cast<size_t>(world), 0);
+    counts[static_cast<size_t>(rank)] = static_cast<int64_t>(mine.size());
+    if (group) counts = group->reduce_ints(counts, dist::ReduceOp::Sum);
+    int64_t total = 0, first = 0;
+    for (int64_t r = 0; r < world; ++r) {
+      if (r == rank) first = total;
+      total += counts[static_cast<size_t>(r)];
+    }
+    auto rows = torch::zeros({total, 3}, torch::kLong);
+    auto* out = rows.data_ptr<int64_t>() + 3 * first;
+    for (const auto& [epoch, index] : mine) {
+      *out++ = rank;
+      *out++ = epoch;
+      *out++ = index;
+    }
+    if (group && total > 0) {  // each rank filled its own rows; the sum puts them all together
+      rows = rows.to(device);
+      group->allreduce(rows, dist::ReduceOp::Sum);
+      rows = rows.cpu();
+    }
+    return rows;
+  }
 
   void make_loader() {
     if (loader) {
@@ -319,6 +328,7 @@ struct Trainer::Impl {
     warn_about_config_changes(st, path);
     int64_t micro = plan.micro_batch, world = plan.world_size;
     std::set<std::pair<int64_t, int64_t>> skipped;
+    torch::Tensor skipped_before;  // data.on_error skip: (rank, epoch, index) rows
     try {
       if (auto it = st.tensors.find("rng/cpu"); it != st.tensors.end()) compat::set_cpu_rng_state(it->second);
       if (auto it = st.tensors.find("rng/cuda"); it != st.tensors.end()) set_device_rng_state(device, it->second);
@@ -333,6 +343,9 @@ struct Trainer::Impl {
       if (auto it = st.tensors.find("trainer/world_size"); it != st.tensors.end()) world = it->second.item<int64_t>();
       const auto pending = st.tensors.find("trainer/eval_pending");
       eval_pending = pending != st.tensors.end() && pending->second.item<int64_t>() != 0;
+      if (auto it = st.tensors.find("trainer/skipped_samples"); it != st.tensors.end()) {
+        skipped_before = it->second.to(torch::kLong).contiguous().view({-1, 3});
+      }
     } catch (const std::exception& e) {
       const std::string what = e.what();
       throw CheckpointError(path + ": damaged trainer state: " + what.substr(0, what.find('\n')));
@@ -353,6 +366,16 @@ struct Trainer::Impl {
       return global / plan.world_size;
     };
     for (const auto& [epoch, sample] : skipped) bad_steps.emplace(epoch, convert(sample));
+    // The samples data.on_error skip replaced before the checkpoint count as replaced (a set, so a
+    // batch delivered again, or the rows of a rollback's own checkpoint, count once). Each rank
+    // takes its own; on another number of ranks rank 0 takes them all, so that the ranks' counts
+    // still add up to the run's.
+    if (skipped_before.defined()) {
+      const int64_t* row = skipped_before.data_ptr<int64_t>();
+      for (int64_t i = 0; i < skipped_before.size(0); ++i, row += 3) {
+        if (world == plan.world_size ? row[0] == plan.rank : plan.rank == 0) retired_skipped.emplace(row[1], row[2]);
+      }
+    }
     const int64_t sample = convert(st.batch_in_epoch * micro);
     if (world != plan.world_size) {
       log::warn(log::str(path, " was written by a run on ", world, " rank(s); continuing on ", plan.world_size,
@@ -554,7 +577,8 @@ struct Trainer::Impl {
   bool autocast() const { return plan.precision != "fp32"; }
   torch::ScalarType autocast_dtype() const { return plan.precision == "fp16" ? torch::kHalf : torch::kBFloat16; }
 
-  void write_checkpoint(const std::string& path) {
+  // skipped: skipped_rows(), for data.on_error skip (undefined otherwise).
+  void write_checkpoint(const std::string& path, const torch::Tensor& skipped) {
     TrainState state;
     state.step = step;
     state.epoch = consumed().epoch;
@@ -571,6 +595,7 @@ struct Trainer::Impl {
       state.tensors["trainer/bad_steps"] = torch::tensor(flat, torch::kLong).view({-1, 2});
     }
     if (eval_pending) state.tensors["trainer/eval_pending"] = torch::tensor(int64_t{1}, torch::kLong);
+    if (skipped.defined() && skipped.size(0) > 0) state.tensors["trainer/skipped_samples"] = skipped;
     for (auto& [name, tensor] : scaler->state()) state.tensors[name] = tensor;
     save_checkpoint(path, *model, optimizer.get(), state);
     prune_checkpoints(checkpoint_dir(), config.checkpoint.keep_last, path);
@@ -637,9 +662,16 @@ EvalResult Trainer::evaluate() {
   lo.prefetch = s.plan.prefetch;
   lo.pin_memory = s.plan.pin_memory;
   lo.on_error = data::parse_on_error(s.config.data.on_error);
-  const data::DatasetPtr val = s.group ? std::make_shared<ShardView>(s.val_set, s.group->rank(), s.group->size())
-                                      : s.val_set;
-  data::Loader loader(val, lo);
+  // Rank r of W evaluates samples r, r + W, ... once each (no padding, so that the sums over the
+  // ranks count every sample once), as the dataset's own indices: each sample gets the seed (the
+  // MLM masks), the substitute under data.on_error skip and the name in errors that a single
+  // process gives it, and the dataset's one-pass batches (get_batch) still apply.
+  if (s.group) {
+    lo.rank = s.group->rank();
+    lo.world_size = s.group->size();
+    lo.pad = false;
+  }
+  data::Loader loader(s.val_set, lo);
   loader.start({0, 0});
   torch::NoGradGuard no_grad;
   s.model->eval();
@@ -1003,10 +1035,17 @@ FitResult Trainer::fit(const std::string& resume) {
       }
     }
     const int64_t every = s.config.checkpoint.every_steps;
-    if (!ckpt_dir.empty() && ((every > 0 && s.step % every == 0) || last || stopping)) {
+    const bool checkpoint_due = (every > 0 && s.step % every == 0) || last || stopping;
+    // Every rank's replaced samples go into rank 0's checkpoint: gathered on every rank, whether
+    // or not it has a run directory, since the condition is the same on all of them.
+    torch::Tensor skipped;
+    if (checkpoint_due && s.config.data.on_error == "skip" && (s.group || !ckpt_dir.empty())) {
+      skipped = s.skipped_rows();
+    }
+    if (!ckpt_dir.empty() && checkpoint_due) {
       result.last_checkpoint = checkpoint_path(ckpt_dir, s.step);
       if (s.plan.rank == 0) {  // the replicas are identical; rank 0 writes for all
-        s.write_checkpoint(result.last_checkpoint);
+        s.write_checkpoint(result.last_checkpoint, skipped);
         log::info("checkpoint " + result.last_checkpoint);
       }
     }

@@ -28,7 +28,9 @@ struct FitResult {
   double data_wait_fraction = 0; // time blocked on the loader / wall time of the training loop
   int64_t loader_workers = 0;    // at the end: the plan's, or more if the loader starved the step
   std::string last_checkpoint;   // "" when no run directory
-  int64_t skipped_samples = 0;   // data.on_error skip: samples replaced because they failed to load
+  // data.on_error skip: training samples this rank replaced because they failed to load, each once
+  // per epoch, over the whole run: a resumed run counts those before its checkpoint too.
+  int64_t skipped_samples = 0;
   // Distributed runs: ranks whose parameters differ from rank 0's at the end (0 = replicas
   // identical), and the seconds spent blocked on gradient allreduce (the part not hidden behind
   // backward).

@@ -350,6 +350,26 @@ Pixels decode_file(const std::string& path, int64_t needed, std::vector<uint8_t>
   throw_not_an_image(path);
 }
 
+// The validation resize: reads the file and decodes a JPEG at the scale choose_jpeg_scale picks
+// for a shorter side of `size`; sets `geometry` to torchvision's Resize(size) of the full-size
+// image (from the header), mapped into the decoded pixels.
+Pixels decode_for_resize(const std::string& path, int64_t size, ResizeGeometry& geometry,
+                         std::vector<uint8_t>& bytes, std::vector<uint8_t>& buffer) {
+  read_file(path, bytes);
+  if (is_jpeg(bytes)) {
+    const JpegHeader header = read_jpeg_header(path, bytes);
+    const int denominator = choose_jpeg_scale(header.width, header.height, size);
+    geometry = validation_resize(header.width, header.height, denominator, size);
+    return decode_jpeg(path, bytes, header, denominator, buffer);
+  }
+  if (is_png(bytes)) {
+    const Pixels pixels = decode_png(path, bytes, buffer);
+    geometry = validation_resize(pixels.width, pixels.height, 1, size);
+    return pixels;
+  }
+  throw_not_an_image(path);
+}
+
 // The training crop: reads the file, draws torchvision's RandomResizedCrop box on the image's
 // full size (from `rng`), and decodes a JPEG at the smallest scale at which that box is still
 // at least `side` pixels high and wide. Sets `box` to the crop in the decoded pixels.
@@ -425,6 +445,18 @@ CropBox scale_crop_box(const CropBox& box, int64_t width, int64_t height, int de
   const auto [top, box_height] = edges(box.top, box.height, height);
   const auto [left, box_width] = edges(box.left, box.width, width);
   return CropBox{top, left, box_height, box_width};
+}
+
+ResizeGeometry validation_resize(int64_t width, int64_t height, int denominator, int64_t size) {
+  if (width < 1 || height < 1 || size < 1) throw std::invalid_argument("validation_resize: empty image or size");
+  ResizeGeometry geometry;
+  geometry.image_height = height;
+  geometry.image_width = width;
+  // torchvision: the shorter side becomes size, the longer int(size * longer / shorter).
+  geometry.out_height = height <= width ? size : size * height / width;
+  geometry.out_width = height <= width ? size * width / height : size;
+  geometry.source = scale_crop_box(CropBox{0, 0, height, width}, width, height, denominator);
+  return geometry;
 }
 
 int choose_jpeg_crop_scale(const CropBox& box, int64_t width, int64_t height, int64_t needed) {
@@ -536,16 +568,20 @@ void ImageFolderDataset::transform_into(int64_t index, uint64_t seed, void* outp
     spec.out_width = side;
     spec.flip = options_.random_flip && rng.below(2) == 1;
   } else {
-    // Resize the shorter side to resize_size, then take the centred side x side window.
+    // Resize the shorter side to resize_size, then take the centred side x side window. The output
+    // size is torchvision's for the full-size image, whatever scale a JPEG was decoded at.
     const int64_t size = options_.resize_size;
-    pixels = decode_file(path(index), size, buffers.bytes, buffers.pixels);
-    spec.height = pixels.height;
-    spec.width = pixels.width;
-    spec.out_height = pixels.height <= pixels.width ? size : size * pixels.height / pixels.width;
-    spec.out_width = pixels.height <= pixels.width ? size * pixels.width / pixels.height : size;
+    ResizeGeometry geometry;
+    pixels = decode_for_resize(path(index), size, geometry, buffers.bytes, buffers.pixels);
+    spec.top = geometry.source.top;
+    spec.left = geometry.source.left;
+    spec.height = geometry.source.height;
+    spec.width = geometry.source.width;
+    spec.out_height = geometry.out_height;
+    spec.out_width = geometry.out_width;
     if (side > spec.out_height || side > spec.out_width) {
-      throw DataError(path(index) + ": a " + std::to_string(pixels.height) + "x" +
-                      std::to_string(pixels.width) + " image resized to a shorter side of " +
+      throw DataError(path(index) + ": a " + std::to_string(geometry.image_height) + "x" +
+                      std::to_string(geometry.image_width) + " image resized to a shorter side of " +
                       std::to_string(size) + " is too narrow for a " + std::to_string(side) +
                       "-pixel center crop");
     }

@@ -47,16 +47,19 @@ namespace {
 constexpr uint64_t kShuffleSalt = 0x53485546464C45ull;  // "SHUFFLE"
 
 // Samples per rank: DistributedSampler pads the dataset up to a multiple of world_size, or
-// truncates it to one when drop_last.
+// truncates it to one when drop_last. Without padding, rank r reads the indices r, r + W, ... below
+// the dataset's size.
 int64_t shard_size(int64_t dataset_size, const LoaderOptions& options) {
   const int64_t world = options.world_size;
-  return options.drop_last ? dataset_size / world : (dataset_size + world - 1) / world;
+  if (options.drop_last) return dataset_size / world;
+  if (!options.pad) return std::max<int64_t>(0, (dataset_size - options.rank + world - 1) / world);
+  return (dataset_size + world - 1) / world;
 }
 
 // This rank's sample indices for one epoch, in delivery order: a seeded Fisher-Yates
 // permutation (or identity), then DistributedSampler's sharding: pad by repeating from the start
-// up to a multiple of world_size (or truncate when drop_last), and take every world_size-th
-// index starting at rank.
+// up to a multiple of world_size (or truncate when drop_last; neither when !pad), and take every
+// world_size-th index starting at rank.
 std::vector<int64_t> epoch_order(int64_t dataset_size, const LoaderOptions& options,
                                  int64_t epoch) {
   std::vector<int64_t> order(static_cast<size_t>(dataset_size));
@@ -67,7 +70,9 @@ std::vector<int64_t> epoch_order(int64_t dataset_size, const LoaderOptions& opti
       std::swap(order[i - 1], order[rng.below(i)]);
     }
   }
-  const int64_t total = shard_size(dataset_size, options) * options.world_size;
+  const int64_t total = !options.drop_last && !options.pad
+                            ? dataset_size
+                            : shard_size(dataset_size, options) * options.world_size;
   std::vector<int64_t> shard;
   shard.reserve(static_cast<size_t>(shard_size(dataset_size, options)));
   for (int64_t i = options.rank; i < total; i += options.world_size) {
@@ -206,8 +211,13 @@ struct Loader::Impl {
       } catch (...) {
       }
     }
-    rethrow_with_context(context + "; data.on_error is skip, but the " + std::to_string(attempts) +
-                         " samples after it fail to load too");
+    if (attempts == 0) {
+      rethrow_with_context(context + "; data.on_error is skip, but the dataset has no other sample to replace it");
+    }
+    rethrow_with_context(context + "; data.on_error is skip, but " +
+                         (attempts == 1 ? std::string("the one sample after it fails")
+                                        : "the " + std::to_string(attempts) + " samples after it fail") +
+                         " to load too");
   }
 
   // The dataset's one-pass batch of order[begin, end), if it has that path. Any error there

@@ -390,12 +390,17 @@ VocabInfo read_vocab_file(const std::string& path) {
 
 // ---- MlmMasker ----------------------------------------------------------------------------------
 
-MlmMasker::MlmMasker(MlmOptions options, int64_t vocab_size, int64_t mask_id, std::vector<int64_t> special_ids)
-    : options_(options), vocab_size_(vocab_size), mask_id_(mask_id) {
+MlmMasker::MlmMasker(MlmOptions options, int64_t vocab_size, int64_t mask_id, std::vector<int64_t> special_ids,
+                     int64_t draw_size)
+    : options_(options), vocab_size_(vocab_size), draw_size_(draw_size > 0 ? draw_size : vocab_size),
+      mask_id_(mask_id) {
   auto require = [](bool ok, const std::string& message) {
     if (!ok) throw std::invalid_argument("MlmMasker: " + message);
   };
   require(vocab_size >= 1, "vocab_size must be >= 1");
+  require(draw_size >= 0 && draw_size <= vocab_size, "the vocabulary random replacements are drawn from (" +
+                                                         std::to_string(draw_size) + " tokens) is larger than vocab_size " +
+                                                         std::to_string(vocab_size));
   require(options_.mask_prob > 0.0 && options_.mask_prob <= 1.0, "mask_prob must be in (0, 1]");
   require(options_.mask_token_prob >= 0.0 && options_.random_token_prob >= 0.0 &&
               options_.mask_token_prob + options_.random_token_prob <= 1.0 + 1e-9,
@@ -408,16 +413,17 @@ MlmMasker::MlmMasker(MlmOptions options, int64_t vocab_size, int64_t mask_id, st
   }
   std::sort(special_.begin(), special_.end());
   special_.erase(std::unique(special_.begin(), special_.end()), special_.end());
-  require(options_.random_token_prob == 0.0 || static_cast<int64_t>(special_.size()) < vocab_size,
+  special_drawable_ = std::lower_bound(special_.begin(), special_.end(), draw_size_) - special_.begin();
+  require(options_.random_token_prob == 0.0 || special_drawable_ < draw_size_,
           "every token of the vocabulary is special: no random replacement to draw");
 }
 
 bool MlmMasker::is_special(int64_t id) const { return std::binary_search(special_.begin(), special_.end(), id); }
 
 int64_t MlmMasker::random_token(SplitMix64& rng) const {
-  const auto ordinary = static_cast<uint64_t>(vocab_size_ - static_cast<int64_t>(special_.size()));
+  const auto ordinary = static_cast<uint64_t>(draw_size_ - special_drawable_);
   auto id = static_cast<int64_t>(rng.below(ordinary));
-  // The id-th ordinary token: step over each special id at or below it.
+  // The id-th ordinary token: step over each special id at or below it (it stays below draw_size).
   for (const int64_t special : special_) {
     if (special > id) break;
     ++id;
@@ -490,6 +496,19 @@ TokenDataset::TokenDataset(TokenDatasetOptions options) : options_(std::move(opt
     throw DataError(path + ": the file's vocabulary has " + std::to_string(file_->vocab_size()) +
                     " tokens, more than the configured vocab_size " + std::to_string(vocab_size_));
   }
+  // The vocab file's ids must have logits too.
+  const std::string& vocab_file = options_.vocab_file.empty() ? std::string("the vocab file") : options_.vocab_file;
+  const std::string vocab_size_key = options_.vocab_size > 0 ? key_for("vocab_size") : "";
+  if (vocab_size_ < options_.vocab_file_size) {
+    const std::string problem = std::to_string(vocab_size_) + " is smaller than the vocabulary of " + vocab_file +
+                                " (" + std::to_string(options_.vocab_file_size) + " tokens)";
+    if (!vocab_size_key.empty()) {
+      throw ConfigError("key '" + vocab_size_key + "': " + problem + "; set it to at least " +
+                        std::to_string(options_.vocab_file_size) + ", or 0 to take the vocab file's");
+    }
+    throw std::invalid_argument("TokenDataset: vocab_size " + problem);
+  }
+  data_vocab_size_ = options_.vocab_file_size > 0 ? options_.vocab_file_size : file_->vocab_size();
   for (const NamedId& named : kSpecialFields) {
     const int64_t configured = options_.special.*(named.field);
     int64_t& id = special_.*(named.field);
@@ -499,6 +518,14 @@ TokenDataset::TokenDataset(TokenDatasetOptions options) : options_(std::move(opt
       if (!key.empty()) {
         throw ConfigError("key '" + key + "': " + std::to_string(id) + " is outside the vocabulary [0, " +
                           std::to_string(vocab_size_) + ") of " + path);
+      }
+      // An id of the files (the token file's header, the vocab file) that a configured vocab_size
+      // leaves out: the key is at fault, not the files.
+      if (!vocab_size_key.empty()) {
+        const std::string source = configured >= 0 ? vocab_file : path;
+        throw ConfigError("key '" + vocab_size_key + "': " + std::to_string(vocab_size_) + " leaves out the " +
+                          named.name + " token id " + std::to_string(id) + " of " + source + "; set it to at least " +
+                          std::to_string(id + 1) + ", or 0 to take the files'");
       }
       throw DataError(path + ": the " + named.name + " token id " + std::to_string(id) +
                       " is outside the vocabulary [0, " + std::to_string(vocab_size_) + ")");
@@ -527,7 +554,10 @@ TokenDataset::TokenDataset(TokenDatasetOptions options) : options_(std::move(opt
   std::vector<int64_t> never_masked = options_.extra_special;
   for (const NamedId& named : kSpecialFields) never_masked.push_back(special_.*(named.field));
   try {
-    masker_ = std::make_unique<MlmMasker>(options_.mlm, vocab_size_, special_.mask, std::move(never_masked));
+    // Random replacements come from the data's vocabulary: ids from vocab_size_'s rounding up exist
+    // in no vocabulary.
+    masker_ = std::make_unique<MlmMasker>(options_.mlm, vocab_size_, special_.mask, std::move(never_masked),
+                                          data_vocab_size_);
   } catch (const std::invalid_argument& e) {
     throw DataError(path + ": " + e.what());
   }

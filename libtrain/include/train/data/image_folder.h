@@ -44,6 +44,20 @@ CropBox scale_crop_box(const CropBox& box, int64_t width, int64_t height, int de
 // itself is smaller than the output. `needed` <= 0 means full size.
 int choose_jpeg_crop_scale(const CropBox& box, int64_t width, int64_t height, int64_t needed);
 
+// The validation resize of a width x height image that was decoded at scale 1/denominator (as
+// choose_jpeg_scale picks; 1 for full size): torchvision's Resize(size) of the full-size image,
+// out_height x out_width with the shorter side `size` and the longer int(size * longer / shorter),
+// whatever the decoded size, and `source`, the part of the decoded image that covers the full one
+// (scale_crop_box of the whole image: its last row or column, which covers only a part of a DCT
+// block, may fall outside). E.g. 2049x1024 at 1/4 (513x256 decoded), size 256: 512x256 from the
+// decoded 512x256 at (0, 0). std::invalid_argument for an empty image or size.
+struct ResizeGeometry {
+  CropBox source;
+  int64_t out_height = 0, out_width = 0;
+  int64_t image_height = 0, image_width = 0;  // the full-size image
+};
+ResizeGeometry validation_resize(int64_t width, int64_t height, int denominator, int64_t size);
+
 // Decodes a JPEG or PNG file, recognised by its first bytes, into RGB: uint8 [3, H, W], a
 // channels-first view of the decoder's interleaved pixels, with the values of PIL's
 // Image.open(path).convert("RGB"), which torchvision's ImageFolder loads:
@@ -84,7 +98,8 @@ struct ImageFolderOptions {
 //   Train: torchvision's RandomResizedCrop(S, scale = (crop_min_scale, 1), ratio = (3/4, 4/3)),
 //          then a horizontal flip with p = 0.5 when random_flip; all drawn from the sample seed.
 //          The crop box is drawn on the full-size image, as torchvision draws it.
-//   Val:   Resize(resize_size) of the shorter side, then CenterCrop(S).
+//   Val:   Resize(resize_size) of the shorter side, then CenterCrop(S), sized from the full-size
+//          image, as torchvision sizes it (validation_resize).
 // Resizing is bilinear with antialiasing, as in torchvision. JPEGs are decoded at the smallest
 // DCT scale at which what is resized still covers the output (Train: the crop box, mapped by
 // scale_crop_box, at least S x S; Val: a shorter side of at least resize_size), so a large photo

@@ -42,6 +42,12 @@ struct LoaderOptions {
   bool pin_memory = false;    // collate into page-locked memory (CUDA builds only)
   int64_t rank = 0;           // shard of the dataset this process reads
   int64_t world_size = 1;
+  // drop_last false: pad = true (training) lengthens every rank's shard to the same size by
+  // repeating samples from the start of the order, as DistributedSampler does; pad = false
+  // (evaluation) gives rank r samples r, r + W, r + 2W, ... of the order and no more, so that
+  // over all ranks every sample is read exactly once, with the seed, the substitute under
+  // on_error skip and the index in errors that one rank would use for it.
+  bool pad = true;
   OnError on_error = OnError::Raise;
 };
 

@@ -62,10 +62,13 @@ struct MlmOptions {
 class MlmMasker {
  public:
   // `special_ids` (any order, may repeat or lie outside the vocabulary) are never selected and
-  // never drawn. std::invalid_argument when the probabilities are outside [0, 1] (mask_prob in
-  // (0, 1]) or mask_token_prob + random_token_prob > 1, when mask_id is needed but not in
-  // [0, vocab_size), or when no token is left to draw random replacements from.
-  MlmMasker(MlmOptions options, int64_t vocab_size, int64_t mask_id, std::vector<int64_t> special_ids);
+  // never drawn. Random replacements are drawn from [0, draw_size), the vocabulary of the data
+  // (0: all of [0, vocab_size)); vocab_size, the model's, may be larger (rounded up for speed).
+  // std::invalid_argument when the probabilities are outside [0, 1] (mask_prob in (0, 1]) or
+  // mask_token_prob + random_token_prob > 1, when mask_id is needed but not in [0, vocab_size),
+  // when draw_size is above vocab_size, or when no token is left to draw random replacements from.
+  MlmMasker(MlmOptions options, int64_t vocab_size, int64_t mask_id, std::vector<int64_t> special_ids,
+            int64_t draw_size = 0);
 
   // Masks ids[0, n) in place and writes targets[0, n): the original token at selected
   // positions, kIgnoreIndex elsewhere. The result depends only on (ids, seed).
@@ -74,23 +77,31 @@ class MlmMasker {
   Example apply(const torch::Tensor& ids, uint64_t seed) const;
 
   bool is_special(int64_t id) const;
-  // Uniform over the non-special ids of [0, vocab_size).
+  // Uniform over the non-special ids of [0, draw_size).
   int64_t random_token(SplitMix64& rng) const;
   const MlmOptions& options() const { return options_; }
 
  private:
   MlmOptions options_;
   int64_t vocab_size_;
+  int64_t draw_size_;
   int64_t mask_id_;
   std::vector<int64_t> special_;  // sorted, unique, within [0, vocab_size)
+  int64_t special_drawable_ = 0;  // how many of them are below draw_size
 };
 
 struct TokenDatasetOptions {
   std::string path;           // the token file
   int64_t seq_len = 128;      // T, including [CLS] and [SEP]; at least 3
   bool pack = true;           // see above
-  // 0 = the file's vocab_size; otherwise at least the file's (a model may have a larger vocab).
+  // The number of logits: 0 = the file's vocab_size; otherwise at least the file's and the vocab
+  // file's (a model may have a larger vocab, e.g. rounded up to a multiple of 8).
   int64_t vocab_size = 0;
+  // The vocab file the ids come from, if any ("" = none), and its size. The data's vocabulary,
+  // which random replacements are drawn from, is the vocab file's size, else the token file's
+  // vocab_size; never vocab_size above it.
+  std::string vocab_file;
+  int64_t vocab_file_size = 0;
   // Explicit ids win; -1 entries are taken from the token file's header. cls, sep and pad are
   // required, mask too when mask_token_prob > 0. pad/unk/cls/sep/mask are never masked.
   SpecialTokens special;
@@ -98,8 +109,9 @@ struct TokenDatasetOptions {
   MlmOptions mlm;
   // The config keys that gave explicit values, by field: "vocab_size", "pad", "unk", "cls",
   // "sep", "mask" -> "data.vocab_size", "data.pad_id", ... A value the token file contradicts
-  // (a vocab_size below the file's, an id outside the vocabulary) is then a ConfigError naming
-  // that key; a value without a key here is reported as a DataError naming the file.
+  // (a vocab_size below the file's or the vocab file's, an id outside the vocabulary) is then a
+  // ConfigError naming that key; a value without a key here is reported as a DataError naming the
+  // file. A special id of the files outside a vocab_size set by a key is that key's error.
   std::map<std::string, std::string> keys;
 };
 
@@ -114,6 +126,8 @@ class TokenDataset : public Dataset {
   std::vector<int64_t> input_shape() const override { return {options_.seq_len}; }
   // The vocabulary size: the number of logits per position.
   int64_t num_classes() const override { return vocab_size_; }
+  // The data's vocabulary: the vocab file's size, else the token file's (at most vocab_size()).
+  int64_t data_vocab_size() const { return data_vocab_size_; }
   std::string describe() const override;
   int64_t vocab_size() const override { return vocab_size_; }
   int64_t pad_id() const override { return special_.pad; }
@@ -129,6 +143,7 @@ class TokenDataset : public Dataset {
   std::shared_ptr<const TokenFile> file_;
   SpecialTokens special_;
   int64_t vocab_size_ = 0;
+  int64_t data_vocab_size_ = 0;
   int64_t samples_ = 0;
   std::unique_ptr<MlmMasker> masker_;
 };
