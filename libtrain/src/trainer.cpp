@@ -1078,7 +1078,8 @@ FitResult Trainer::fit(const std::string& resume) {
   result.rollbacks = s.rollbacks;
   if (s.loader_skipped() > 0) {
     log::warn(log::str("data.on_error skip: ", s.loader_skipped(),
-                       " training sample(s) could not be loaded and were replaced (the first are named above)"));
+                       " training sample(s) could not be loaded and were replaced (each is named in the log of "
+                       "the run that met it first)"));
   }
   result.skipped_samples = s.loader_skipped();
   result.steps = s.step;
