@@ -243,7 +243,7 @@ TEST_CASE("checkpoint: bad files are rejected with the file named", "[trainer][c
   files::remove_all(dir);
 }
 
-TEST_CASE("checkpoint: a write that fails part way (a full disk) throws naming the file and why; the old one stays",
+TEST_CASE("checkpoint: a write that fails part way (a full disk) throws naming the file and why, the old one stays",
           "[trainer][checkpoint]") {
   register_tiny_mlp();
   const std::string dir = temp_dir("fullckpt");
