@@ -313,7 +313,7 @@ TEST_CASE("checkpoint: the newest is found and kept by step past step 99,999,999
 namespace {
 // tests/data/checkpoint-libtorch-1.13-sgd-momentum.pt: a tiny_mlp checkpoint at step 1 with SGD
 // momentum buffers, written by the test binary built against Debian's LibTorch 1.13 with
-//   build-1.13/bin/train_tests "[.write_fixture]"   (from the repository root)
+//   TRAIN_TEST_WORKER=fixture build-1.13/bin/train_tests
 const char* const kFixture113 = "tests/data/checkpoint-libtorch-1.13-sgd-momentum.pt";
 
 RunParts momentum_run(std::unique_ptr<torch::optim::Optimizer>& optimizer) {
@@ -326,8 +326,12 @@ RunParts momentum_run(std::unique_ptr<torch::optim::Optimizer>& optimizer) {
 }
 }  // namespace
 
-TEST_CASE("checkpoint fixture: write the LibTorch 1.13 checkpoint (run by hand on a 1.13 build)", "[.write_fixture]") {
-  REQUIRE(TORCH_VERSION_MAJOR == 1);
+// Not a test: the binary's fixture role (tests/main.cpp).
+int write_checkpoint_fixture() {
+  if (TORCH_VERSION_MAJOR != 1) {
+    std::fprintf(stderr, "the fixture is LibTorch 1.x's: run a build against Debian's libtorch-dev\n");
+    return 2;
+  }
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   RunParts run = momentum_run(optimizer);
   torch::manual_seed(3);
@@ -336,7 +340,10 @@ TEST_CASE("checkpoint fixture: write the LibTorch 1.13 checkpoint (run by hand o
   TrainState st;
   st.step = 1;
   st.config_yaml = to_yaml(synthetic_config("optim.momentum=0.9"));
-  save_checkpoint(files::join(TRAIN_SOURCE_DIR, kFixture113), *run.model, optimizer.get(), st);
+  const std::string path = files::join(TRAIN_SOURCE_DIR, kFixture113);
+  save_checkpoint(path, *run.model, optimizer.get(), st);
+  std::printf("wrote %s\n", path.c_str());
+  return 0;
 }
 
 TEST_CASE("checkpoint: optimizer state written by LibTorch 1.13 resumes on 1.13 and is refused with a way out on 2.x",
