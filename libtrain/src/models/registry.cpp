@@ -15,7 +15,6 @@
 #include "train/models/bert.h"
 #include "train/models/resnet.h"
 #include "train/models/small.h"
-#include "train/safetensors.h"
 
 namespace train::models {
 namespace {
@@ -115,27 +114,6 @@ bool has_model(const std::string& name) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   return r.entries.count(name) > 0;
-}
-
-std::string Model::input_problem(const std::vector<int64_t>& /*sample_shape*/, int64_t /*vocab_size*/) const {
-  return "";
-}
-
-WeightRules Model::weight_rules() const { return {}; }
-
-torch::Tensor Model::forward_selected(const torch::Tensor& input, const torch::Tensor& positions) {
-  const torch::Tensor logits = forward(input);
-  return logits.reshape({-1, logits.size(-1)}).index_select(0, positions.reshape({-1}).nonzero().squeeze(1));
-}
-
-torch::Tensor Model::random_input(const std::vector<int64_t>& shape, const torch::TensorOptions& options) const {
-  return torch::randn(shape, options);
-}
-
-int64_t count_parameters(const torch::nn::Module& module) {
-  int64_t total = 0;
-  for (const auto& parameter : module.parameters(/*recurse=*/true)) total += parameter.numel();
-  return total;
 }
 
 }  // namespace train::models
