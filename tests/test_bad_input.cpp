@@ -971,10 +971,13 @@ TEST_CASE("bad_input: garbage truncated or mismatched checkpoints exit 2", "[bad
 TEST_CASE("bad_input: a finished run's directory is left unchanged", "[bad_input][process]") {
   const Shared& s = shared();
   // A finished ImageFolder run in the case directory; then each case damages something and runs again.
-  auto finished_run = [&s](const CaseDir& d) {
+  // `extra`: more arguments for that run.
+  auto finished_run = [&s](const CaseDir& d, const std::vector<std::string>& extra = {}) {
     const std::string root = d.copy_of(s.folder, "folder");
     d.write("cfg.yaml", s.folder_config(root));
-    const Outcome o = run_train({"fit", "cfg.yaml", "--run-dir", "run"}, d.path, d.path);
+    std::vector<std::string> args{"fit", "cfg.yaml", "--run-dir", "run"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const Outcome o = run_train(args, d.path, d.path);
     INFO(o.err);
     REQUIRE(o.exit_code == 0);
     files::remove_file(d / "stdout");
@@ -1005,15 +1008,8 @@ TEST_CASE("bad_input: a finished run's directory is left unchanged", "[bad_input
        }},
       {"--resume from an older checkpoint, then a truncated JPEG: the newer one it set aside is put back", kExitData,
        [&](const CaseDir& d) {
-         const std::string root = d.copy_of(s.folder, "folder");
-         d.write("cfg.yaml", s.folder_config(root));
-         const Outcome o = run_train({"fit", "cfg.yaml", "--run-dir", "run", "--set", "trainer.max_steps=2", "--set",
-                                      "checkpoint.every_steps=1"},
-                                     d.path, d.path);
-         INFO(o.err);
-         REQUIRE(o.exit_code == 0);
-         files::remove_file(d / "stdout");
-         files::remove_file(d / "stderr");
+         const std::string root =
+             finished_run(d, {"--set", "trainer.max_steps=2", "--set", "checkpoint.every_steps=1"});
          REQUIRE(files::exists(d / "run/checkpoints/step_00000002.pt"));
          d.write("folder/train/bee/1.jpg", cut(jpeg(32, 1), 250));
          return Invocation{{"fit", "cfg.yaml", "--run-dir", "run", "--resume", "run/checkpoints/step_00000001.pt",
@@ -1023,15 +1019,8 @@ TEST_CASE("bad_input: a finished run's directory is left unchanged", "[bad_input
       {"--resume from an older checkpoint with a metrics.jsonl over 256 KiB, then a truncated JPEG: its rows come back",
        kExitData,
        [&](const CaseDir& d) {
-         const std::string root = d.copy_of(s.folder, "folder");
-         d.write("cfg.yaml", s.folder_config(root));
-         const Outcome o = run_train({"fit", "cfg.yaml", "--run-dir", "run", "--set", "trainer.max_steps=2", "--set",
-                                      "checkpoint.every_steps=1"},
-                                     d.path, d.path);
-         INFO(o.err);
-         REQUIRE(o.exit_code == 0);
-         files::remove_file(d / "stdout");
-         files::remove_file(d / "stderr");
+         const std::string root =
+             finished_run(d, {"--set", "trainer.max_steps=2", "--set", "checkpoint.every_steps=1"});
          // Rows after step 1, which the resumed run cuts (more than the snapshot kept of any file).
          {
            std::ofstream metrics(d / "run/metrics.jsonl", std::ios::app);

@@ -3,6 +3,8 @@
 // torchrun and mpirun start the CLI.
 #include "testing.h"
 
+#include "bad_samples.h"
+
 #include <fcntl.h>
 #include <png.h>
 #include <signal.h>
@@ -726,28 +728,6 @@ TEST_CASE("distributed evaluation: each rank masks a sample as one process does 
   files::remove_all(dir);
 }
 
-namespace {
-
-// The training set with samples that cannot be loaded.
-class BadSamples final : public data::Dataset {
- public:
-  BadSamples(data::DatasetPtr base, std::set<int64_t> bad) : base_(std::move(base)), bad_(std::move(bad)) {}
-  int64_t size() const override { return base_->size(); }
-  data::Example get(int64_t index, uint64_t seed) const override {
-    if (bad_.count(index) != 0) throw DataError("sample " + std::to_string(index) + " is damaged");
-    return base_->get(index, seed);
-  }
-  std::vector<int64_t> input_shape() const override { return base_->input_shape(); }
-  int64_t num_classes() const override { return base_->num_classes(); }
-  std::string describe() const override { return base_->describe() + " (damaged samples)"; }
-
- private:
-  data::DatasetPtr base_;
-  std::set<int64_t> bad_;
-};
-
-}  // namespace
-
 TEST_CASE("data.on_error skip on 2 ranks: a resumed run counts each rank's samples replaced before its checkpoint",
           "[dist][resume][data]") {
   register_test_models();
@@ -776,7 +756,7 @@ TEST_CASE("data.on_error skip on 2 ranks: a resumed run counts each rank's sampl
           RunOptions options;
           options.env = env;
           RunParts run = prepare_run(config, options);
-          Trainer trainer(config, run.plan, run.model, std::make_shared<BadSamples>(run.train, bad), nullptr, run_dir,
+          Trainer trainer(config, run.plan, run.model, std::make_shared<testing::BadSamples>(run.train, bad), nullptr, run_dir,
                           run.group);
           results[static_cast<size_t>(r)] = trainer.fit(resume);
         } catch (const std::exception& e) {

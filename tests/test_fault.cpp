@@ -2,6 +2,8 @@
 // for a full GPU) and the non-finite loss policy (stop or roll back).
 #include "testing.h"
 
+#include "bad_samples.h"
+
 #include <fstream>
 
 #include <train/checkpoint.h>
@@ -342,24 +344,6 @@ TEST_CASE("on_nonfinite rollback to a checkpoint whose evaluation a stop put off
   files::remove_all(dir);
 }
 
-// The training set with one sample that cannot be loaded.
-class OneBadSample : public data::Dataset {
- public:
-  OneBadSample(data::DatasetPtr base, int64_t bad) : base_(std::move(base)), bad_(bad) {}
-  int64_t size() const override { return base_->size(); }
-  data::Example get(int64_t index, uint64_t seed) const override {
-    if (index == bad_) throw DataError("sample " + std::to_string(index) + " is damaged");
-    return base_->get(index, seed);
-  }
-  std::vector<int64_t> input_shape() const override { return base_->input_shape(); }
-  int64_t num_classes() const override { return base_->num_classes(); }
-  std::string describe() const override { return base_->describe() + " (one damaged sample)"; }
-
- private:
-  data::DatasetPtr base_;
-  int64_t bad_;
-};
-
 TEST_CASE("data.on_error skip: a sample in a step redone after a rollback counts once", "[fault][nonfinite][data]") {
   const std::string dir = temp_dir("rollback_skip");
   const Config config = config_for("poisoned_mlp", {"trainer.max_steps=6", "checkpoint.every_steps=2",
@@ -369,7 +353,8 @@ TEST_CASE("data.on_error skip: a sample in a step redone after a rollback counts
   torch::manual_seed(0);
   RunParts run = prepare_run(config);
   {
-    Trainer trainer(config, run.plan, run.model, std::make_shared<OneBadSample>(run.train, 70), nullptr, dir);
+    Trainer trainer(config, run.plan, run.model, std::make_shared<testing::BadSamples>(run.train, std::set<int64_t>{70}),
+                    nullptr, dir);
     const FitResult r = trainer.fit();
     CHECK(r.rollbacks == 1);
     CHECK(r.steps == 6);
@@ -378,24 +363,6 @@ TEST_CASE("data.on_error skip: a sample in a step redone after a rollback counts
   poison(1000, 1000);
   files::remove_all(dir);
 }
-
-// The training set with samples that cannot be loaded.
-class BadSamples : public data::Dataset {
- public:
-  BadSamples(data::DatasetPtr base, std::set<int64_t> bad) : base_(std::move(base)), bad_(std::move(bad)) {}
-  int64_t size() const override { return base_->size(); }
-  data::Example get(int64_t index, uint64_t seed) const override {
-    if (bad_.count(index) != 0) throw DataError("sample " + std::to_string(index) + " is damaged");
-    return base_->get(index, seed);
-  }
-  std::vector<int64_t> input_shape() const override { return base_->input_shape(); }
-  int64_t num_classes() const override { return base_->num_classes(); }
-  std::string describe() const override { return base_->describe() + " (damaged samples)"; }
-
- private:
-  data::DatasetPtr base_;
-  std::set<int64_t> bad_;
-};
 
 TEST_CASE("data.on_error skip: a resumed run counts the samples replaced before its checkpoint",
           "[fault][data][resume]") {
@@ -410,7 +377,7 @@ TEST_CASE("data.on_error skip: a resumed run counts the samples replaced before 
   RunParts run = prepare_run(config);
   FitResult uninterrupted;
   {
-    Trainer trainer(config, run.plan, run.model, std::make_shared<BadSamples>(run.train, bad), nullptr, dir_a);
+    Trainer trainer(config, run.plan, run.model, std::make_shared<testing::BadSamples>(run.train, bad), nullptr, dir_a);
     uninterrupted = trainer.fit();
   }
   CHECK(uninterrupted.skipped_samples == 5);
@@ -423,7 +390,8 @@ TEST_CASE("data.on_error skip: a resumed run counts the samples replaced before 
     files::copy_file(checkpoint, copy);
     torch::manual_seed(0);
     RunParts again = prepare_run(config);
-    Trainer trainer(config, again.plan, again.model, std::make_shared<BadSamples>(again.train, bad), nullptr, dir_b);
+    Trainer trainer(config, again.plan, again.model, std::make_shared<testing::BadSamples>(again.train, bad), nullptr,
+                    dir_b);
     return trainer.fit(copy);
   };
   const FitResult resumed = resume(step4);
