@@ -296,6 +296,31 @@ TEST_CASE("unknown sections and keys are rejected with a suggestion", "[config]"
     CHECK_THAT(config_error("loss:\n  lr: 0.1\n" + kRequired),
                Contains("test.yaml:2:3: key 'loss.lr': unknown key; did you mean 'optim.lr'?"));
   }
+  SECTION("other tools' names for a key") {
+    // Spelling alone would suggest tuning.batch (a mode, fixed or scale) for batch_size.
+    CHECK_THAT(config_error("trainer:\n  batch_size: 64\n" + kRequired),
+               Contains("test.yaml:2:3: key 'trainer.batch_size': unknown key; did you mean "
+                        "'trainer.global_batch'? (the batch of one optimizer step, over all ranks)"));
+    CHECK_THAT(config_error("optim:\n  learning_rate: 0.1\n" + kRequired),
+               Contains("key 'optim.learning_rate': unknown key; did you mean 'optim.lr'?"));
+    CHECK_THAT(config_error("data:\n  Num_Workers: 4\n" + kRequired),
+               Contains("key 'data.Num_Workers': unknown key; did you mean 'data.workers'?"));
+    CHECK_THAT(config_error(kRequired, {"trainer.gradient_accumulation_steps=4"}),
+               Contains("unknown key; accumulation follows from trainer.global_batch"));
+    CHECK_THAT(config_error(kRequired, {"data.pin_memory=true"}),
+               Contains("unknown key; pinned memory is the plan's choice"));
+    CHECK_THAT(config_error(kRequired, {"batch_size=64"}), Contains("did you mean 'trainer.global_batch'?"));
+    CHECK_THAT(config_error(kRequired, {"trainer.max_epochs=3"}), Contains("did you mean 'trainer.epochs'?"));
+  }
+  SECTION("a flat config's key at the top level") {
+    CHECK_THAT(config_error("lr: 0.1\n" + kRequired),
+               Contains("test.yaml:1:1: key 'lr': unknown section; keys go under their section: did you "
+                        "mean 'optim.lr', written optim: {lr: ...}?"));
+    CHECK_THAT(config_error("batch_size: 64\n" + kRequired),
+               Contains("did you mean 'trainer.global_batch', written trainer: {global_batch: ...}?"));
+    CHECK_THAT(config_error("pin_memory: true\n" + kRequired),
+               Contains("key 'pin_memory': unknown section; pinned memory is the plan's choice"));
+  }
   SECTION("nothing close enough to suggest") {
     const std::string key_message = config_error("optim:\n  flux_capacitor: 1\n" + kRequired);
     CHECK_THAT(key_message, Contains("test.yaml:2:3: key 'optim.flux_capacitor': unknown key"));

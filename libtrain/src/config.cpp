@@ -557,16 +557,126 @@ std::string did_you_mean(const std::string& suggestion) {
   return "; did you mean '" + suggestion + "'?";
 }
 
+// Names other training tools use for what train calls differently (PyTorch's DataLoader, Lightning,
+// Hugging Face's TrainingArguments, DeepSpeed, mmcv): spelling distance would suggest the wrong key
+// for them (`batch_size` is close to `tuning.batch`, a mode). Looked up by the key's own name in any
+// section, before spelling. `note` explains where there is no key of that meaning.
+struct KeyAlias {
+  const char* name;
+  const char* path;  // "" when train has no such key
+  const char* note;  // "" when the path says it all
+};
+constexpr KeyAlias kKeyAliases[] = {
+    {"batch_size", "trainer.global_batch", "the batch of one optimizer step, over all ranks"},
+    {"train_batch_size", "trainer.global_batch", "the batch of one optimizer step, over all ranks"},
+    {"global_batch_size", "trainer.global_batch", ""},
+    {"total_batch_size", "trainer.global_batch", ""},
+    {"per_device_train_batch_size", "tuning.micro_batch",
+     "the per-rank batch is the plan's choice; tuning.micro_batch fixes it"},
+    {"micro_batch_size", "tuning.micro_batch", ""},
+    {"train_micro_batch_size_per_gpu", "tuning.micro_batch", ""},
+    {"eval_batch_size", "trainer.eval_batch", ""},
+    {"per_device_eval_batch_size", "trainer.eval_batch", ""},
+    {"val_batch_size", "trainer.eval_batch", ""},
+    {"learning_rate", "optim.lr", ""},
+    {"base_lr", "optim.lr", "the lr for tuning.base_batch; tuning.lr_scaling scales it"},
+    {"num_workers", "data.workers", ""},
+    {"dataloader_num_workers", "data.workers", ""},
+    {"prefetch_factor", "data.prefetch", ""},
+    {"num_epochs", "trainer.epochs", ""},
+    {"max_epochs", "trainer.epochs", ""},
+    {"num_train_epochs", "trainer.epochs", ""},
+    {"num_steps", "trainer.max_steps", ""},
+    {"total_steps", "trainer.max_steps", ""},
+    {"train_steps", "trainer.max_steps", ""},
+    {"max_iters", "trainer.max_steps", ""},
+    {"num_warmup_steps", "schedule.warmup_steps", ""},
+    {"warmup_iters", "schedule.warmup_steps", ""},
+    {"max_grad_norm", "optim.clip_grad_norm", ""},
+    {"gradient_clip_val", "optim.clip_grad_norm", ""},
+    {"grad_clip", "optim.clip_grad_norm", ""},
+    {"gradient_accumulation_steps", "",
+     "accumulation follows from trainer.global_batch / (micro-batch x ranks); fix the micro-batch with "
+     "tuning.micro_batch"},
+    {"accumulate_grad_batches", "",
+     "accumulation follows from trainer.global_batch / (micro-batch x ranks); fix the micro-batch with "
+     "tuning.micro_batch"},
+    {"pin_memory", "", "pinned memory is the plan's choice: on whenever batches go to a GPU"},
+    {"amp", "precision.mode", "auto, fp32, bf16 or fp16"},
+    {"mixed_precision", "precision.mode", "auto, fp32, bf16 or fp16"},
+    {"dtype", "precision.mode", "auto, fp32, bf16 or fp16"},
+    {"optimizer", "optim.name", ""},
+    {"scheduler", "schedule.name", ""},
+    {"lr_scheduler", "schedule.name", ""},
+    {"save_steps", "checkpoint.every_steps", ""},
+    {"save_total_limit", "checkpoint.keep_last", ""},
+    {"logging_steps", "logging.every_steps", ""},
+    {"log_every_n_steps", "logging.every_steps", ""},
+    {"log_interval", "logging.every_steps", ""},
+    {"eval_steps", "trainer.eval_every_steps", ""},
+    {"eval_interval", "trainer.eval_every_steps", ""},
+    {"val_check_interval", "trainer.eval_every_steps", ""},
+    {"random_seed", "trainer.seed", ""},
+    {"num_labels", "model.num_classes", ""},
+    {"betas", "optim.beta1", "beta1 and beta2 are two keys"},
+    {"arch", "model.name", ""},
+};
+
+// The alias entry for a key's name, if any (case does not count).
+const KeyAlias* key_alias(const std::string& name) {
+  // Checked once, on first use: every alias names a real key and none is a key's own name (the
+  // tests reach this through any unknown key).
+  static const bool table_ok = [] {
+    for (const KeyAlias& alias : kKeyAliases) {
+      for (const Key& key : schema()) {
+        if (key.name == alias.name)
+          throw std::logic_error(std::string("config alias '") + alias.name + "' is the name of key " + key.path);
+      }
+      if (*alias.path && !find_key(alias.path))
+        throw std::logic_error(std::string("config alias '") + alias.name + "' names no key: " + alias.path);
+    }
+    return true;
+  }();
+  (void)table_ok;
+  const std::string lower = detail::ascii_lower(name);
+  for (const KeyAlias& alias : kKeyAliases) {
+    if (lower == alias.name) return &alias;
+  }
+  return nullptr;
+}
+
+std::string alias_problem(const KeyAlias& alias) {
+  std::string text = "unknown key";
+  if (*alias.path) text += did_you_mean(alias.path);
+  if (*alias.note) text += std::string(*alias.path ? " (" : "; ") + alias.note + (*alias.path ? ")" : "");
+  return text;
+}
+
 std::string unknown_section_problem(const std::string& name) {
   std::vector<std::string> names;
   for (const SectionInfo& s : kSections) names.emplace_back(s.name);
   if (const auto i = closest_index(name, names)) return "unknown section" + did_you_mean(names[*i]);
+  // A flat config's key at the top (`lr: 0.1`, `batch_size: 64`): name its section.
+  std::string path;
+  for (const Key& key : schema()) {
+    if (key.name == detail::ascii_lower(name)) path = key.path;
+  }
+  const KeyAlias* alias = key_alias(name);
+  if (path.empty() && alias) path = alias->path;
+  if (!path.empty()) {
+    const size_t dot = path.find('.');
+    return "unknown section; keys go under their section: did you mean '" + path + "', written " +
+           path.substr(0, dot) + ": {" + path.substr(dot + 1) + ": ...}?";
+  }
+  if (alias) return "unknown section; " + std::string(alias->note);
   return "unknown section; the sections are " + join(names, ", ");
 }
 
-// An unknown key in a known section: suggest a key of that section first, then a key of the same
-// name in another section (e.g. `lr` written under `trainer` -> `optim.lr`).
+// An unknown key in a known section: another tool's name for a key first, then a key of that
+// section, then a key of the same name in another section (e.g. `lr` written under `trainer` ->
+// `optim.lr`).
 std::string unknown_key_problem(const std::string& section, const std::string& name) {
+  if (const KeyAlias* alias = key_alias(name)) return alias_problem(*alias);
   std::vector<std::string> here, elsewhere, elsewhere_paths;
   for (const Key& key : schema()) {
     if (key.section == section) {
@@ -589,14 +699,15 @@ std::string unknown_path_problem(const std::string& path) {
   const size_t dot = path.find('.');
   if (dot != std::string::npos && is_section(path.substr(0, dot)))
     return unknown_key_problem(path.substr(0, dot), path.substr(dot + 1));
+  const size_t last_dot = path.rfind('.');
+  const std::string last_name = last_dot == std::string::npos ? path : path.substr(last_dot + 1);
+  if (const KeyAlias* alias = key_alias(last_name)) return alias_problem(*alias);
   std::vector<std::string> paths, names;
   for (const Key& key : schema()) {
     paths.push_back(key.path);
     names.push_back(key.name);
   }
   if (const auto i = closest_index(path, paths)) return "unknown key" + did_you_mean(paths[*i]);
-  const size_t last_dot = path.rfind('.');
-  const std::string last_name = last_dot == std::string::npos ? path : path.substr(last_dot + 1);
   if (const auto i = closest_index(last_name, names)) return "unknown key" + did_you_mean(paths[*i]);
   return "unknown key (keys are written section.name, e.g. optim.lr)";
 }
