@@ -106,6 +106,25 @@ TEST_CASE("tensorboard: CRC-32C known answers", "[tensorboard]") {
   CHECK(train::masked_crc32c(digits.data(), digits.size()) == 0xc78ab0e5u);
 }
 
+TEST_CASE("tensorboard: a process's event files sort in the order it created them", "[tensorboard]") {
+  // TensorBoard reads a directory's event files in name order; a resumed run's file must come after
+  // the one it replaces steps of. Within one second, one process tells them apart by a counter,
+  // which sorted "…10" before "…9".
+  TempDir tmp;
+  std::vector<std::string> created;
+  for (int i = 0; i < 12; ++i) created.push_back(files::filename(train::TensorBoardWriter(tmp.path).path()));
+  std::vector<std::string> sorted = created;
+  std::sort(sorted.begin(), sorted.end());
+  // Names start with the Unix second; compare within the second the first file was made in.
+  const auto same_second = [&](const std::string& name) { return name.substr(0, 30) == created.front().substr(0, 30); };
+  std::vector<std::string> in_first_second;
+  std::copy_if(sorted.begin(), sorted.end(), std::back_inserter(in_first_second), same_second);
+  std::vector<std::string> made_in_first_second;
+  std::copy_if(created.begin(), created.end(), std::back_inserter(made_in_first_second), same_second);
+  CHECK(in_first_second == made_in_first_second);
+  CHECK(sorted.back() == created.back());
+}
+
 TEST_CASE("tensorboard: events are TFRecord-framed Event protocol buffers", "[tensorboard]") {
   TempDir tmp;
   std::string path;

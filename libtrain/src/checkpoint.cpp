@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "atomic_file.h"
+#include "checkpoint_name.h"
 #include "compat.h"
 #include "train/errors.h"
 #include "train/files.h"
@@ -487,17 +488,7 @@ std::string checkpoint_path(const std::string& dir, int64_t step) {
 }
 
 namespace {
-// The step of a checkpoint file name "step_<digits>.pt", or -1.
-int64_t checkpoint_step(const std::string& name) {
-  const std::string prefix = "step_", suffix = ".pt";
-  if (name.size() <= prefix.size() + suffix.size() || name.rfind(prefix, 0) != 0 ||
-      name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
-    return -1;
-  }
-  const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
-  if (digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
-  return std::stoll(digits);
-}
+using detail::checkpoint_step;
 
 // Oldest first, by step: the names are padded to 8 digits, so past step 99,999,999 their text
 // order is not their step order.

@@ -225,7 +225,7 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
   ::gethostname(host, sizeof(host) - 1);
   host[sizeof(host) - 1] = '\0';
   char name[512];
-  std::snprintf(name, sizeof(name), "events.out.tfevents.%010lld.%s.%d.%d",
+  std::snprintf(name, sizeof(name), "events.out.tfevents.%010lld.%s.%d.%06d",
                 static_cast<long long>(unix_time_now()), host, static_cast<int>(::getpid()), counter++);
   path_ = files::join(dir, name);
   out_.open(path_, std::ios::binary | std::ios::trunc);

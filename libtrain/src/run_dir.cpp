@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "atomic_file.h"
+#include "checkpoint_name.h"
 #include "train/errors.h"
 #include "train/files.h"
 
@@ -53,10 +54,10 @@ bool write_bytes(const std::string& path, const std::string& bytes) {
   }
 }
 
+// A periodic checkpoint in checkpoints/ (`rel` relative to the run directory).
 bool is_checkpoint_name(const std::string& rel) {
-  const std::string prefix = "checkpoints/step_";
-  return rel.compare(0, prefix.size(), prefix) == 0 && rel.size() > prefix.size() + 3 &&
-         rel.compare(rel.size() - 3, 3, ".pt") == 0 && rel.find('/', prefix.size()) == std::string::npos;
+  const std::string dir = "checkpoints/";
+  return rel.compare(0, dir.size(), dir) == 0 && checkpoint_step(rel.substr(dir.size())) >= 0;
 }
 
 // The entries a run writes to: those at the top of `root` and in its checkpoints/, relative to
