@@ -13,6 +13,8 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <iostream>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -37,15 +39,17 @@ struct TempDir {
   }
 };
 
-// What `fn` writes to stderr (the log's console sink).
-std::string stderr_of(const std::function<void()>& fn) {
-  std::fflush(stderr);
-  const int saved = ::dup(STDERR_FILENO);
+// What `fn` writes to file descriptor `fd`.
+std::string output_of(int fd, const std::function<void()>& fn) {
+  std::cout.flush();
+  std::fflush(nullptr);
+  const int saved = ::dup(fd);
   std::FILE* capture = std::tmpfile();
-  ::dup2(::fileno(capture), STDERR_FILENO);
+  ::dup2(::fileno(capture), fd);
   fn();
-  std::fflush(stderr);
-  ::dup2(saved, STDERR_FILENO);
+  std::cout.flush();
+  std::fflush(nullptr);
+  ::dup2(saved, fd);
   ::close(saved);
   std::rewind(capture);
   std::string text;
@@ -53,6 +57,9 @@ std::string stderr_of(const std::function<void()>& fn) {
   std::fclose(capture);
   return text;
 }
+
+// What `fn` writes to stderr (the log's console sink).
+std::string stderr_of(const std::function<void()>& fn) { return output_of(STDERR_FILENO, fn); }
 
 int count_of(const std::string& text, const std::string& what) {
   int n = 0;
@@ -150,6 +157,46 @@ TEST_CASE("cli: logging.level applies from the start, to the probe and the plan 
   CHECK(count_of(with({"--set", "logging.level=error", "--set", "tuning.max_micro_batch=4"}), " I] ") == 0);
   CHECK(count_of(with({"--set", "logging.level=error"}), " I] ") == 0);
   train::log::set_level(train::log::Level::info);  // the level is the process's; later tests log at info
+}
+
+TEST_CASE("cli: a cached measurement made with less memory free is measured again when its cap limits the plan",
+          "[cli][plan]") {
+  TempDir tmp("regrow");
+  const std::string cfg = tmp.write("run.yaml", kSynthetic);  // global batch 16 on the CPU
+  const std::string cache = tmp / "cache";
+  const std::vector<std::string> plan{"plan", cfg, "--set", "tuning.cache_dir=" + cache};
+  std::string out;
+  std::string err = stderr_of([&] { out = output_of(STDOUT_FILENO, [&] { CHECK(cli(plan) == train::kExitOk); }); });
+  CHECK_THAT(err, Catch::Contains("probe on cpu at 2, 4"));
+  CHECK_THAT(out, Catch::Contains("micro_batch      16 "));
+  std::vector<std::string> entries;  // the measurement, not the latest-*.json the cache reports changes from
+  for (const auto& name : train::files::list_directory(cache)) {
+    if (name.rfind("latest-", 0) != 0) entries.push_back(name);
+  }
+  REQUIRE(entries.size() == 1);
+  const std::string entry = train::files::join(cache, entries.front());
+  std::stringstream read;
+  read << std::ifstream(entry).rdbuf();
+  const std::string measured = read.str();
+  // As if measured while another process held nearly all memory: 1 MB, 2 samples.
+  auto rewrite = [&](int64_t max_micro_batch) {
+    std::string text = std::regex_replace(measured, std::regex("\"budget_bytes\":[0-9]+"), "\"budget_bytes\":1000000");
+    text = std::regex_replace(text, std::regex("\"max_micro_batch\":[0-9]+"),
+                              "\"max_micro_batch\":" + std::to_string(max_micro_batch));
+    std::ofstream(entry, std::ios::trunc) << text;
+  };
+  rewrite(2);
+  err = stderr_of([&] { out = output_of(STDOUT_FILENO, [&] { CHECK(cli(plan) == train::kExitOk); }); });
+  CHECK_THAT(err, Catch::Contains("was measured with a 0.0 GiB budget") && Catch::Contains("GiB now: measuring again") &&
+                      Catch::Contains("probe on cpu at 2, 4"));
+  CHECK_THAT(out, Catch::Contains("micro_batch      16 "));
+  // The new measurement replaced the old: a hit.
+  err = stderr_of([&] { CHECK(cli(plan) == train::kExitOk); });
+  CHECK_THAT(err, Catch::Contains("plan cache hit") && !Catch::Contains("measuring again"));
+  // A small budget whose cap does not limit this plan (16 fits) is kept: no probe.
+  rewrite(64);
+  err = stderr_of([&] { CHECK(cli(plan) == train::kExitOk); });
+  CHECK_THAT(err, Catch::Contains("plan cache hit") && !Catch::Contains("measured in"));
 }
 
 TEST_CASE("cli: mistakes found before anything starts: tuning.device in fit, --nproc, check, init_from", "[cli]") {

@@ -459,7 +459,7 @@ std::vector<Key> build_schema() {
           .at_least(0)
           .at_most(limits::kMaxBatch),
       tuning("probe", &TuningConfig::probe,
-             "measure memory and throughput to choose the micro-batch on a GPU"),
+             "measure memory (and on a GPU throughput) to choose the micro-batch"),
       tuning("memory_fraction", &TuningConfig::memory_fraction,
              "share of the device's free memory the plan may fill")
           .above(0)

@@ -90,6 +90,11 @@ MemoryEvidence with_current_budget(MemoryEvidence cached, int64_t budget_bytes) 
   return cached;
 }
 
+int64_t max_scaled_global_batch(const Config& config) {
+  const int64_t base_batch = config.tuning.base_batch > 0 ? config.tuning.base_batch : config.trainer.global_batch;
+  return config.tuning.max_global_batch > 0 ? config.tuning.max_global_batch : 32 * base_batch;
+}
+
 Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInputs& inputs) {
   Plan plan;
   plan.device = device;
@@ -109,7 +114,7 @@ Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInpu
 
   // ---- scale mode: grow the global batch with the memory available (accumulation 1) ----
   if (scale_mode && config.tuning.micro_batch == 0 && mem.max_micro_batch > 0) {
-    const int64_t limit = config.tuning.max_global_batch > 0 ? config.tuning.max_global_batch : 32 * base_batch;
+    const int64_t limit = max_scaled_global_batch(config);
     // The micro-batch each rank adds, and what stopped it growing further.
     int64_t micro = pow2_at_most(mem.max_micro_batch);
     std::string bound = std::string(mem.estimate ? "estimated" : "measured") + " memory fits " +

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "compat.h"
 #include "train/data/factory.h"
@@ -145,6 +146,16 @@ MemoryFit cpu_measurement_for_named_device(const Config& config, models::Model& 
   return fit;
 }
 
+// The largest micro-batch the plan could use: the per-rank batch in fixed mode; in scale mode the
+// per-rank share of the largest global batch it may grow to. Both within tuning.max_micro_batch.
+int64_t largest_useful_micro_batch(const Config& config, int world_size) {
+  const int64_t ranks = std::max(1, world_size);
+  int64_t largest = config.trainer.global_batch / ranks;
+  if (config.tuning.batch == "scale") largest = max_scaled_global_batch(config) / ranks;
+  if (config.tuning.max_micro_batch > 0) largest = std::min(largest, config.tuning.max_micro_batch);
+  return largest;
+}
+
 // Measures (or, for a named device, estimates) memory per micro-batch and, on a real GPU,
 // throughput per micro-batch. Empty evidence when the user fixed the micro-batch.
 MemoryEvidence gather_evidence(const Config& config, const DeviceProfile& device, const Plan& draft,
@@ -157,14 +168,25 @@ MemoryEvidence gather_evidence(const Config& config, const DeviceProfile& device
   const std::string scope = cache_scope(config);
   const int64_t free_bytes = device.named ? device.total_memory : device.free_memory;
   const int64_t budget_bytes = static_cast<int64_t>(static_cast<double>(free_bytes) * config.tuning.memory_fraction);
-  if (auto hit = cache.find(key)) {
+  const auto hit = cache.find(key);
+  // A measurement taken while another process held memory (or before some was freed) caps the
+  // micro-batch below what fits now, and sizes above its budget were never tried: with over 10%
+  // more memory free now, measure again, if that cap is what limits this plan. (A named device's
+  // budget is its datasheet memory.)
+  const bool budget_grew = hit && !device.named && hit->budget_bytes > 0 &&
+                           budget_bytes > hit->budget_bytes + hit->budget_bytes / 10 &&
+                           hit->max_micro_batch < largest_useful_micro_batch(config, world_size);
+  if (hit && !budget_grew) {
     log::info("plan cache hit: " + cache.dir() + "/" + key.hash() + ".json (no probe)");
     return with_current_budget(*hit, budget_bytes);  // another process may hold memory it did not
   }
-  // On a CPU the whole per-rank batch is one pass in fixed mode: host memory is rarely the limit,
-  // so the probe only runs when the batch may grow (a cached out-of-memory record still counts).
-  if (!device.is_cuda() && config.tuning.batch != "scale") return evidence;
-  for (const auto& change : cache.changes(key, scope)) log::info("plan cache miss: " + change);
+  if (budget_grew) {
+    log::info("plan cache: " + cache.dir() + "/" + key.hash() + ".json was measured with a " +
+              log::fixed(std::ldexp(static_cast<double>(hit->budget_bytes), -30), 1) + " GiB budget, " +
+              log::fixed(std::ldexp(static_cast<double>(budget_bytes), -30), 1) + " GiB now: measuring again");
+  } else {
+    for (const auto& change : cache.changes(key, scope)) log::info("plan cache miss: " + change);
+  }
 
   const auto t0 = std::chrono::steady_clock::now();
   ProbeOptions options;

@@ -83,6 +83,10 @@ struct PlanInputs {
 // (sizes above it were never confirmed on this device).
 MemoryEvidence with_current_budget(MemoryEvidence cached, int64_t budget_bytes);
 
+// tuning.batch scale: the largest global batch the plan may grow to (tuning.max_global_batch, or 32
+// x the base batch).
+int64_t max_scaled_global_batch(const Config& config);
+
 // Resolves the batch arithmetic, precision and loader decisions. Throws ConfigError when the
 // global batch cannot be split exactly.
 Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInputs& inputs);
