@@ -267,6 +267,14 @@ TEST_CASE("device: cpu is detected, by request or by name", "[device]") {
   }
 }
 
+TEST_CASE("device: each local rank gets a GPU of its own, and more ranks than GPUs is an error", "[device]") {
+  CHECK(train::gpu_for_local_rank(0, 0) == 0);
+  CHECK(train::gpu_for_local_rank(3, 8) == 3);
+  CHECK(train::gpu_for_local_rank(5, 1) == 0);  // every rank sees one GPU of its own (--gpus-per-task=1)
+  CHECK_THROWS_WITH(train::gpu_for_local_rank(4, 4),
+                    Catch::Contains("local rank 4 but 4 GPUs are visible") && Catch::Contains("at most 4 ranks per host"));
+}
+
 TEST_CASE("device: summary names the table entry and how it was chosen", "[device]") {
   DeviceProfile p;
   p.kind = "cuda";

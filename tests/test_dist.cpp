@@ -5,10 +5,13 @@
 
 #include "bad_samples.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <png.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -362,17 +365,65 @@ TEST_CASE("environment variables of torchrun, Slurm and Open MPI", "[dist]") {
   CHECK(tr.agent_store);
   CHECK(tr.restart == 2);
 
-  const dist::Env slurm = from({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"},
-                                {"SLURM_NTASKS_PER_NODE", "4(x2)"}, {"SLURM_JOB_NODELIST", "gpu[03-04,07],cpu1"}});
+  // An srun step on 2 of the allocation's 4 nodes: the step's variables, not the job's.
+  std::map<std::string, std::string> step{{"SLURM_PROCID", "5"},         {"SLURM_NTASKS", "16"},
+                                          {"SLURM_STEP_NUM_TASKS", "8"}, {"SLURM_LOCALID", "1"},
+                                          {"SLURM_NTASKS_PER_NODE", "4"}, {"SLURM_STEP_TASKS_PER_NODE", "4(x2)"},
+                                          {"SLURM_JOB_NODELIST", "gpu[01-04]"}, {"SLURM_STEP_NODELIST", "gpu[03-04]"},
+                                          {"SLURMD_NODENAME", "gpu04"}, {"SLURM_JOB_ID", "4242"},
+                                          {"SLURM_STEP_ID", "0"}};
+  const dist::Env slurm = from(step);
   CHECK(slurm.launcher == "slurm");
   CHECK(slurm.rank == 5);
   CHECK(slurm.world_size == 8);
   CHECK(slurm.local_rank == 1);
   CHECK(slurm.local_world_size == 4);
   CHECK(slurm.master_addr == "gpu03");
-  CHECK(slurm.master_port == 29500);
+  CHECK(slurm.job == "slurm-4242.0");
+  // A port of the job's own, the same on every rank; another job gets another.
+  CHECK(slurm.master_port >= 20000);
+  CHECK(slurm.master_port < 30000);
+  step["SLURM_PROCID"] = "0";
+  CHECK(from(step).master_port == slurm.master_port);
+  step["SLURM_JOB_ID"] = "4243";
+  CHECK(from(step).master_port != slurm.master_port);
+  step["MASTER_PORT"] = "1234";
+  CHECK(from(step).master_port == 1234);
+  // Uneven: 1 task on n01, 3 on n02 (zero-padded names); this node's count, by its name.
+  const dist::Env uneven = from({{"SLURM_PROCID", "2"}, {"SLURM_STEP_NUM_TASKS", "4"}, {"SLURM_LOCALID", "1"},
+                                 {"SLURM_STEP_TASKS_PER_NODE", "1,3"}, {"SLURM_STEP_NODELIST", "n[01-02]"},
+                                 {"SLURMD_NODENAME", "n02"}});
+  CHECK(uneven.local_world_size == 3);
+  CHECK(uneven.master_addr == "n01");
   // A single Slurm task is a single process.
-  CHECK_FALSE(from({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}}).distributed());
+  CHECK_FALSE(from({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_STEP_NUM_TASKS", "1"}}).distributed());
+  // The batch script of `sbatch -n 4` is not one of 4 ranks: one process, and a note that says why.
+  const dist::Env batch = from({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_JOB_ID", "4242"}});
+  CHECK_FALSE(batch.distributed());
+  CHECK_THAT(batch.note, Catch::Contains("SLURM_NTASKS=4") && Catch::Contains("srun train fit"));
+  // mpirun inside an allocation: its processes inherit SLURM_* of another step; Open MPI's count.
+  const dist::Env mpi_in_slurm = from({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_STEP_NUM_TASKS", "2"},
+                                       {"SLURM_STEP_TASKS_PER_NODE", "1(x2)"}, {"OMPI_COMM_WORLD_RANK", "3"},
+                                       {"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                                       {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"MASTER_ADDR", "n01"}});
+  CHECK(mpi_in_slurm.launcher == "mpirun");
+  CHECK(mpi_in_slurm.rank == 3);
+  CHECK(mpi_in_slurm.world_size == 4);
+  // MPICH / Intel MPI (Hydra).
+  const dist::Env hydra = from({{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}, {"MPI_LOCALRANKID", "1"}, {"MPI_LOCALNRANKS", "2"}});
+  CHECK(hydra.launcher == "mpiexec");
+  CHECK(hydra.rank == 1);
+  CHECK(hydra.local_world_size == 2);
+  CHECK(hydra.master_addr == "127.0.0.1");
+
+  // RANK and WORLD_SIZE alone: one host when the store is here, one rank per host when it is not
+  // (a pod per rank), and a question when only LOCAL_RANK says how the ranks are spread.
+  const dist::Env here = from({{"RANK", "1"}, {"WORLD_SIZE", "4"}});
+  CHECK(here.local_rank == 1);
+  CHECK(here.local_world_size == 4);
+  const dist::Env pod = from({{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "job-master-0"}});
+  CHECK(pod.local_rank == 0);
+  CHECK(pod.local_world_size == 1);
 
   const dist::Env mpi = from({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"},
                               {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
@@ -396,6 +447,125 @@ TEST_CASE("environment variables of torchrun, Slurm and Open MPI", "[dist]") {
              Catch::Contains("MASTER_PORT=70000"));
   CHECK_THAT(message({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}}),
              Catch::Contains("MASTER_ADDR is not set"));
+  CHECK_THAT(message({{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"MASTER_ADDR", "node0"}}),
+             Catch::Contains("set LOCAL_WORLD_SIZE"));
+  CHECK_THAT(message({{"SLURM_PROCID", "2"}, {"SLURM_STEP_NUM_TASKS", "4"}, {"SLURM_STEP_TASKS_PER_NODE", "1,3"},
+                      {"SLURM_STEP_NODELIST", "n[01-02]"}}),
+             Catch::Contains("cannot tell how many tasks") && Catch::Contains("SLURM_STEP_TASKS_PER_NODE='1,3'"));
+}
+
+TEST_CASE("GradSync: abandoning a step whose finish() failed launches each bucket once, as the other ranks do",
+          "[dist]") {
+  // Rank 0's finish() fails after its backward launched the last layer's buckets (here: a
+  // parameter without a gradient; on a GPU, an out-of-memory error in finish()). abandon() must
+  // launch only the buckets still missing: a second allreduce of a launched bucket would pair with
+  // the other rank's next collective.
+  const int port = free_port();
+  DistributedConfig dc;
+  dc.backend = "gloo";
+  dc.timeout_s = 5;
+  std::string failure[2];
+  int64_t after[2] = {0, 0};
+  std::thread ranks[2];
+  for (int64_t r = 0; r < 2; ++r) {
+    ranks[r] = std::thread([&, r] {
+      try {
+        dist::Env env;
+        env.rank = env.local_rank = r;
+        env.world_size = env.local_world_size = 2;
+        env.master_port = port;
+        env.launcher = "test";
+        auto group = dist::Group::create(env, dc, "cpu");
+        torch::manual_seed(3);
+        torch::nn::Sequential net(torch::nn::Linear(4, 4), torch::nn::Linear(4, 2));
+        dist::GradSyncOptions options;
+        options.bucket_bytes = options.first_bucket_bytes = 1;  // a bucket per parameter
+        dist::GradSync sync(*net, group, options);
+        const auto x = torch::randn({3, 4});
+        sync.prepare(true);
+        if (r == 0) {
+          net[1]->as<torch::nn::Linear>()->forward(x).sum().backward();  // the first layer gets no gradient
+          CHECK_THROWS_WITH(sync.finish(), Catch::Contains("received no gradient"));
+          sync.abandon();
+        } else {
+          net->forward(x).sum().backward();
+          sync.finish();
+        }
+        after[r] = group->reduce_int(7 + r, dist::ReduceOp::Sum);  // the next collective pairs up
+      } catch (const std::exception& e) {
+        failure[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  INFO("rank 0: " << failure[0] << "\nrank 1: " << failure[1]);
+  CHECK(failure[0].empty());
+  CHECK(failure[1].empty());
+  CHECK(after[0] == 15);
+  CHECK(after[1] == 15);
+}
+
+TEST_CASE("wait_for_all: work one rank does alone may outlast distributed.timeout_s, up to its own limit", "[dist]") {
+  const int port = free_port();
+  DistributedConfig dc;
+  dc.backend = "gloo";
+  dc.timeout_s = 1;  // a collective gives up after 1 s
+  std::string failure[2];
+  double after_wait[2] = {0, 0};
+  std::thread ranks[2];
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t r = 0; r < 2; ++r) {
+    ranks[r] = std::thread([&, r] {
+      try {
+        dist::Env env;
+        env.rank = env.local_rank = r;
+        env.world_size = env.local_world_size = 2;
+        env.master_port = port;
+        env.launcher = "test";
+        auto group = dist::Group::create(env, dc, "cpu");
+        if (r == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // "writing a checkpoint"
+        group->wait_for_all("the checkpoint of step 1", 30, "distributed.checkpoint_timeout_s");
+        after_wait[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        group->barrier();  // the collective after it: both ranks arrive together
+        // Rank 1 alone now: it gives up after the limit, naming the work and the setting.
+        if (r == 1) group->wait_for_all("the checkpoint of step 2", 1, "distributed.checkpoint_timeout_s");
+      } catch (const std::exception& e) {
+        failure[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  CHECK(failure[0].empty());
+  CHECK(after_wait[1] >= 2.4);  // it waited for rank 0, 2.5 s, well past the 1 s collective timeout
+  CHECK_THAT(failure[1], Catch::Contains("rank 1 of 2 waited") &&
+                             Catch::Contains("to finish the checkpoint of step 2 (distributed.checkpoint_timeout_s = 1 s)"));
+}
+
+TEST_CASE("rendezvous: a port another program holds is reported as such, at once", "[dist]") {
+  // Something else listens on the port rank 0 would serve the store on.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  REQUIRE(::listen(fd, 1) == 0);
+  socklen_t len = sizeof(addr);
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  dist::Env env;
+  env.world_size = 2;
+  env.local_world_size = 2;
+  env.master_port = ntohs(addr.sin_port);
+  env.launcher = "test";
+  DistributedConfig dc;
+  dc.backend = "gloo";
+  dc.init_timeout_s = 30;
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH(dist::Group::create(env, dc, "cpu"),
+                    Catch::Contains("rank 0 could not serve the rendezvous on port " + std::to_string(env.master_port)) &&
+                        Catch::Contains("set MASTER_PORT"));
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20));
+  ::close(fd);
 }
 
 TEST_CASE("2 Gloo ranks: identical replicas, equal to one process on the same global batch", "[dist][process]") {
@@ -966,6 +1136,25 @@ TEST_CASE("a stop signal before the ranks can handle it: the launch exits 128 + 
   CHECK((rc == 128 + SIGTERM || rc == 3));
   CHECK_THAT(out, !Catch::Contains("stopping the other ranks"));
   files::remove_all(dir);
+}
+
+TEST_CASE("a stop signal that ends one rank: the others' failed collectives do not turn the launch into a failure",
+          "[dist][process][signals]") {
+  // Rank 0 has no stop handler yet and ends by the forwarded SIGTERM; rank 1 had one and exits 1,
+  // as a rank does whose collective fails because its peer is gone.
+  LaunchOptions options;
+  options.nproc = 2;
+  options.grace_seconds = 10;
+  std::thread signal_later([] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    ::kill(::getpid(), SIGTERM);  // to launch_local's handler, which forwards it
+  });
+  const int rc = launch_local({"/bin/sh", "-c",
+                               "if [ \"$RANK\" = 0 ]; then exec sleep 30; fi; "
+                               "sleep 30 & s=$!; trap 'kill $s; exit 1' TERM; wait"},
+                              options);
+  signal_later.join();
+  CHECK(rc == 128 + SIGTERM);
 }
 
 TEST_CASE("out of memory on one rank: every rank halves the micro-batch and redoes the step", "[dist][process][oom]") {

@@ -508,7 +508,13 @@ std::vector<Key> build_schema() {
           .above(0)
           .at_most(limits::kMaxSeconds),
       distributed("init_timeout_s", &DistributedConfig::init_timeout_s,
-                  "seconds the rendezvous waits for every rank to join")
+                  "seconds the rendezvous waits for every rank to join, and the ranks wait for each other to "
+                  "finish measuring memory for the plan")
+          .above(0)
+          .at_most(limits::kMaxSeconds),
+      distributed("checkpoint_timeout_s", &DistributedConfig::checkpoint_timeout_s,
+                  "seconds the other ranks wait for rank 0 to write a checkpoint (a large model on a slow "
+                  "disk takes longer than timeout_s)")
           .above(0)
           .at_most(limits::kMaxSeconds),
       distributed("bucket_mb", &DistributedConfig::bucket_mb,

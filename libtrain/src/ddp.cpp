@@ -80,7 +80,9 @@ struct GradSync::Impl {
   std::vector<Param> params;    // registration order
   std::vector<Bucket> buckets;  // bucket 0 holds the last parameters (ready first)
   std::mutex mutex;             // hooks may run on autograd's device threads
-  bool syncing = false;
+  bool syncing = false;         // hooks fill buckets: between prepare(true) and finish()
+  bool sync_step = false;       // the step's last prepare() was prepare(true): buckets may be launched
+  bool used_reduced = false;    // this step's reduce_used() collective has run
   std::string repeated;           // a parameter whose gradient arrived twice in one synchronising step
   bool collectives_done = false;  // this step's allreduces have all completed (finish() got past its waits)
   size_t next_launch = 0;       // buckets launch strictly in index order, the same on every rank
@@ -275,6 +277,8 @@ void GradSync::prepare(bool sync) {
   auto& s = *impl_;
   std::lock_guard<std::mutex> lock(s.mutex);
   s.syncing = sync;
+  s.sync_step = sync;
+  s.used_reduced = false;
   s.collectives_done = false;
   if (!sync) return;
   s.repeated.clear();
@@ -323,7 +327,11 @@ void GradSync::finish() {
   // Which parameters some rank used, as PyTorch's DDP finds out: one parameter no rank used keeps
   // its gradient as it was (none), so that the optimizer leaves it alone as a single process would
   // (no weight decay, no momentum) rather than stepping on an all-zero gradient.
-  const torch::Tensor used_anywhere = s.options.find_unused_parameters ? s.reduce_used() : torch::Tensor();
+  torch::Tensor used_anywhere;
+  if (s.options.find_unused_parameters) {
+    used_anywhere = s.reduce_used();
+    s.used_reduced = true;
+  }
   const auto t0 = Clock::now();
   for (auto& b : s.buckets) s.group->impl().wait(b.work, "gradient allreduce");
   s.collectives_done = true;
@@ -351,7 +359,10 @@ void GradSync::abandon() {
   auto& s = *impl_;
   std::unique_lock<std::mutex> lock(s.mutex);
   if (s.collectives_done) return;  // failed after finish()'s allreduces: nothing left to take part in
-  if (!s.syncing) {  // failed in a no_sync micro-step: nothing of this step was launched yet
+  // Failed in a no_sync micro-step: nothing of this step was launched yet. Otherwise (in the
+  // synchronising backward, or in finish()) the buckets launched so far stay launched: each
+  // allreduce happens once, in order, as on the other ranks.
+  if (!s.sync_step) {
     for (auto& b : s.buckets) {
       b.launched = false;
       b.work.reset();
@@ -364,7 +375,9 @@ void GradSync::abandon() {
   for (auto& p : s.params) p.used = false;
   for (auto& b : s.buckets) b.pending = 0;
   s.launch_ready_buckets();  // whatever the buffers hold: every rank discards this step
-  if (s.options.find_unused_parameters) (void)s.reduce_used();  // the others' finish() takes part in it
+  // The others' finish() takes part in it, once.
+  if (s.options.find_unused_parameters && !s.used_reduced) (void)s.reduce_used();
+  s.used_reduced = true;
   for (auto& b : s.buckets) s.group->impl().wait(b.work, "gradient allreduce");
   for (auto& b : s.buckets) b.work.reset();
   s.collectives_done = true;

@@ -713,6 +713,17 @@ std::string DeviceProfile::summary() const {
   return out.str();
 }
 
+int gpu_for_local_rank(int local_rank, int visible_gpus) {
+  if (visible_gpus <= 1) return 0;
+  if (local_rank >= visible_gpus) {
+    throw ConfigError("key 'trainer.device': local rank " + std::to_string(local_rank) + " but " +
+                      std::to_string(visible_gpus) + " GPUs are visible on this host, so ranks would share GPUs: "
+                      "start at most " + std::to_string(visible_gpus) + " ranks per host (--nproc-per-node, "
+                      "--ntasks-per-node), or set trainer.device: cpu");
+  }
+  return local_rank;
+}
+
 DeviceProfile detect_device(const std::string& request, int local_rank) {
   DeviceProfile p = host_profile();
 
@@ -720,7 +731,7 @@ DeviceProfile detect_device(const std::string& request, int local_rank) {
   int index = local_rank;
   if (request == "auto") {
     want_cuda = p.visible_gpus > 0;
-    if (want_cuda) index = local_rank % p.visible_gpus;
+    if (want_cuda) index = gpu_for_local_rank(local_rank, p.visible_gpus);
   } else if (request.rfind("cuda", 0) == 0) {
     want_cuda = true;
     if (request.size() > 5) {
@@ -735,9 +746,8 @@ DeviceProfile detect_device(const std::string& request, int local_rank) {
       }
       index = static_cast<int>(parsed);
     }
-    // "cuda" without an index: the local rank's GPU, as with auto (and GPU 0 for every rank when
-    // each sees one GPU of its own, as under Slurm's --gpus-per-task=1).
-    if (request.size() == 4 && p.visible_gpus > 0) index = local_rank % p.visible_gpus;
+    // "cuda" without an index: the local rank's GPU, as with auto.
+    if (request.size() == 4 && p.visible_gpus > 0) index = gpu_for_local_rank(local_rank, p.visible_gpus);
     if (p.visible_gpus == 0) {
       throw ConfigError("key 'trainer.device': '" + request +
                         "' requested but no CUDA device is visible (LibTorch " + p.torch_version +

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <functional>
+#include <sstream>
 #include <future>
 #include <memory>
 #include <optional>
@@ -43,31 +44,84 @@ std::string env_str(const Getenv& get, const char* name, const std::string& fall
   return raw == nullptr || *raw == '\0' ? fallback : std::string(raw);
 }
 
-// Slurm's per-node task count is "4" or "4(x2),3" (counts per node, in node order); the first
-// entry is this job's usual value, and every rank of a homogeneous job sees the same number.
-int64_t first_slurm_count(const std::string& tasks_per_node) {
-  int64_t v = 0;
-  for (char c : tasks_per_node) {
-    if (c < '0' || c > '9') break;
-    v = v * 10 + (c - '0');
+// Slurm's per-node task counts, "4" or "4(x2),3" (counts per node, in node order), one entry per
+// node: {4, 4, 3}. Empty when malformed.
+std::vector<int64_t> slurm_counts(const std::string& tasks_per_node) {
+  std::vector<int64_t> counts;
+  size_t i = 0;
+  auto number = [&](int64_t& v) {
+    const size_t begin = i;
+    v = 0;
+    while (i < tasks_per_node.size() && tasks_per_node[i] >= '0' && tasks_per_node[i] <= '9' && i - begin < 9) {
+      v = v * 10 + (tasks_per_node[i++] - '0');
+    }
+    return i > begin;
+  };
+  while (i < tasks_per_node.size()) {
+    int64_t count = 0, repeat = 1;
+    if (!number(count)) return {};
+    if (i < tasks_per_node.size() && tasks_per_node[i] == '(') {
+      if (tasks_per_node.compare(i, 2, "(x") != 0) return {};
+      i += 2;
+      if (!number(repeat) || i >= tasks_per_node.size() || tasks_per_node[i] != ')' || repeat > 100000) return {};
+      ++i;
+    }
+    counts.insert(counts.end(), static_cast<size_t>(repeat), count);
+    if (i < tasks_per_node.size() && tasks_per_node[i++] != ',') return {};
   }
-  return v;
+  return counts;
 }
 
-// The first host of a Slurm node list: "gpu[03-05,07],cpu1" -> "gpu03".
-std::string first_slurm_host(const std::string& list) {
-  std::string host;
-  for (size_t i = 0; i < list.size(); ++i) {
-    const char c = list[i];
-    if (c == ',') break;
-    if (c == '[') {
-      size_t j = i + 1;
-      while (j < list.size() && list[j] != '-' && list[j] != ',' && list[j] != ']') host += list[j++];
-      break;
+// The hosts of a Slurm node list, in order: "gpu[03-04,07],cpu1" -> gpu03 gpu04 gpu07 cpu1 (ranges
+// keep their zero padding). Empty when malformed.
+std::vector<std::string> slurm_hosts(const std::string& list) {
+  std::vector<std::string> hosts;
+  size_t i = 0;
+  while (i < list.size()) {
+    std::string prefix;
+    while (i < list.size() && list[i] != ',' && list[i] != '[') prefix += list[i++];
+    if (i < list.size() && list[i] == '[') {
+      const size_t close = list.find(']', i);
+      if (close == std::string::npos) return {};
+      std::string suffix;  // "gpu[01-02]-ib": text after the bracket belongs to every name
+      size_t after = close + 1;
+      while (after < list.size() && list[after] != ',') suffix += list[after++];
+      std::stringstream ranges(list.substr(i + 1, close - i - 1));
+      for (std::string range; std::getline(ranges, range, ',');) {
+        const size_t dash = range.find('-');
+        const std::string first = range.substr(0, dash), last = dash == std::string::npos ? first : range.substr(dash + 1);
+        if (first.empty() || last.empty() || first.size() > 9 || last.size() > 9 ||
+            first.find_first_not_of("0123456789") != std::string::npos ||
+            last.find_first_not_of("0123456789") != std::string::npos) {
+          return {};
+        }
+        const int64_t from = std::stoll(first), to = std::stoll(last);
+        if (to < from || to - from > 100000) return {};
+        for (int64_t n = from; n <= to; ++n) {
+          std::string digits = std::to_string(n);
+          if (digits.size() < first.size()) digits.insert(0, first.size() - digits.size(), '0');
+          hosts.push_back(prefix + digits + suffix);
+        }
+      }
+      i = after;
+    } else if (!prefix.empty()) {
+      hosts.push_back(prefix);
     }
-    host += c;
+    if (i < list.size() && list[i] == ',') ++i;
   }
-  return host;
+  return hosts;
+}
+
+bool is_loopback(const std::string& addr) {
+  return addr.empty() || addr == "localhost" || addr == "::1" || addr.rfind("127.", 0) == 0;
+}
+
+// A default store port for a job a scheduler names: jobs that share a host do not meet on one
+// port (20000-29999, below Linux's ephemeral range). Every rank of the job computes the same.
+int64_t port_for_job(const std::string& job) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : job) h = (h ^ c) * 1099511628211ull;
+  return 20000 + static_cast<int64_t>(h % 10000);
 }
 
 void check_ranks(const Env& e, const std::string& rank_var, const std::string& size_var) {
@@ -112,7 +166,13 @@ Env detect_env() {
 
 Env detect_env(const Getenv& get) {
   Env e;
-  if (get("RANK") != nullptr || get("WORLD_SIZE") != nullptr) {
+  // Which launcher: torchrun's (or train launch's, or hand-set) variables first, then an MPI
+  // launcher's, then a Slurm step's. MPI before Slurm: processes that mpirun starts inside a Slurm
+  // allocation inherit the batch script's or their daemon's SLURM_PROCID / SLURM_NTASKS, which
+  // describe another step, not this job.
+  const bool torch_style = get("RANK") != nullptr || get("WORLD_SIZE") != nullptr;
+  const bool slurm_step = get("SLURM_PROCID") != nullptr && get("SLURM_STEP_NUM_TASKS") != nullptr;
+  if (torch_style) {
     // torchrun, `train launch`, or variables set by hand.
     if (get("RANK") == nullptr || get("WORLD_SIZE") == nullptr) {
       throw UsageError("RANK and WORLD_SIZE must be set together (found only " +
@@ -120,39 +180,96 @@ Env detect_env(const Getenv& get) {
     }
     e.world_size = env_int(get, "WORLD_SIZE", 1, 1);
     e.rank = env_int(get, "RANK", 0, 0);
-    e.local_rank = env_int(get, "LOCAL_RANK", e.world_size == 1 ? 0 : e.rank, 0);
-    e.local_world_size = env_int(get, "LOCAL_WORLD_SIZE", e.world_size, 1);
     e.launcher = get("TORCHELASTIC_RUN_ID") ? "torchrun" : env_str(get, "TRAIN_LAUNCHER", "env");
     e.agent_store = env_str(get, "TORCHELASTIC_USE_AGENT_STORE", "") == "True";
     e.restart = env_int(get, "TORCHELASTIC_RESTART_COUNT", 0, 0);
+    e.job = env_str(get, "TORCHELASTIC_RUN_ID", "");
+    if (get("LOCAL_WORLD_SIZE") != nullptr) {
+      e.local_world_size = env_int(get, "LOCAL_WORLD_SIZE", 1, 1);
+      e.local_rank = env_int(get, "LOCAL_RANK", 0, 0);
+    } else if (is_loopback(env_str(get, "MASTER_ADDR", ""))) {
+      // Every rank meets on this host: they all run here.
+      e.local_world_size = e.world_size;
+      e.local_rank = env_int(get, "LOCAL_RANK", e.rank, 0);
+    } else if (get("LOCAL_RANK") == nullptr) {
+      // One rank per host (a Kubernetes pod per rank, say): the store is on another host.
+      e.local_world_size = 1;
+      e.local_rank = 0;
+    } else {
+      throw UsageError("LOCAL_RANK is set but LOCAL_WORLD_SIZE is not, and MASTER_ADDR=" +
+                       env_str(get, "MASTER_ADDR", "") +
+                       " is another host: set LOCAL_WORLD_SIZE to the number of ranks on each host (torchrun "
+                       "sets both)");
+    }
     check_ranks(e, "RANK", "WORLD_SIZE");
-  } else if (get("SLURM_PROCID") != nullptr && env_int(get, "SLURM_NTASKS", 1, 1) > 1) {
-    e.launcher = "slurm";
-    e.world_size = env_int(get, "SLURM_NTASKS", 1, 1);
-    e.rank = env_int(get, "SLURM_PROCID", 0, 0);
-    e.local_rank = env_int(get, "SLURM_LOCALID", 0, 0);
-    int64_t local = first_slurm_count(env_str(get, "SLURM_NTASKS_PER_NODE", ""));
-    if (local <= 0) local = first_slurm_count(env_str(get, "SLURM_TASKS_PER_NODE", ""));
-    e.local_world_size = local > 0 ? local : e.world_size;
-    const std::string nodes = env_str(get, "SLURM_JOB_NODELIST", env_str(get, "SLURM_NODELIST", ""));
-    if (get("MASTER_ADDR") == nullptr && !nodes.empty()) e.master_addr = first_slurm_host(nodes);
-    check_ranks(e, "SLURM_PROCID", "SLURM_NTASKS");
   } else if (get("OMPI_COMM_WORLD_RANK") != nullptr) {
     e.launcher = "mpirun";
     e.world_size = env_int(get, "OMPI_COMM_WORLD_SIZE", 1, 1);
     e.rank = env_int(get, "OMPI_COMM_WORLD_RANK", 0, 0);
     e.local_rank = env_int(get, "OMPI_COMM_WORLD_LOCAL_RANK", 0, 0);
     e.local_world_size = env_int(get, "OMPI_COMM_WORLD_LOCAL_SIZE", e.world_size, 1);
+    const std::string job = env_str(get, "OMPI_MCA_ess_base_jobid", "");
+    if (!job.empty()) e.job = "ompi-" + job;
     check_ranks(e, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE");
+  } else if (get("PMI_RANK") != nullptr && get("MPI_LOCALNRANKS") != nullptr && !slurm_step) {
+    // MPICH's and Intel MPI's mpiexec (Hydra).
+    e.launcher = "mpiexec";
+    e.world_size = env_int(get, "PMI_SIZE", 1, 1);
+    e.rank = env_int(get, "PMI_RANK", 0, 0);
+    e.local_rank = env_int(get, "MPI_LOCALRANKID", 0, 0);
+    e.local_world_size = env_int(get, "MPI_LOCALNRANKS", e.world_size, 1);
+    check_ranks(e, "PMI_RANK", "PMI_SIZE");
+  } else if (slurm_step && env_int(get, "SLURM_STEP_NUM_TASKS", 1, 1) > 1) {
+    // An srun step: its own task count, layout and nodes (SLURM_NTASKS and SLURM_JOB_NODELIST
+    // describe the allocation, which a step may only use part of).
+    e.launcher = "slurm";
+    e.world_size = env_int(get, "SLURM_STEP_NUM_TASKS", 1, 1);
+    e.rank = env_int(get, "SLURM_PROCID", 0, 0);
+    e.local_rank = env_int(get, "SLURM_LOCALID", 0, 0);
+    const std::string nodes = env_str(get, "SLURM_STEP_NODELIST", env_str(get, "SLURM_JOB_NODELIST", ""));
+    const std::vector<std::string> hosts = slurm_hosts(nodes);
+    const std::vector<int64_t> counts = slurm_counts(env_str(get, "SLURM_STEP_TASKS_PER_NODE", ""));
+    // This node's task count: by its name's place in the node list, else by SLURM_NODEID, else
+    // the count every node has.
+    int64_t local = 0;
+    const std::string me = env_str(get, "SLURMD_NODENAME", "");
+    const auto at = std::find(hosts.begin(), hosts.end(), me);
+    if (!me.empty() && at != hosts.end() && hosts.size() == counts.size()) {
+      local = counts[static_cast<size_t>(at - hosts.begin())];
+    } else if (const int64_t node = env_int(get, "SLURM_NODEID", -1, 0); node >= 0 && node < static_cast<int64_t>(counts.size())) {
+      local = counts[static_cast<size_t>(node)];
+    } else if (!counts.empty() && std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c == counts[0]; })) {
+      local = counts[0];
+    }
+    if (local <= 0) {
+      throw UsageError("cannot tell how many tasks of this srun step run on this node from SLURM_STEP_TASKS_PER_NODE='" +
+                       env_str(get, "SLURM_STEP_TASKS_PER_NODE", "") + "', SLURM_STEP_NODELIST='" + nodes +
+                       "' and SLURMD_NODENAME='" + me + "'");
+    }
+    e.local_world_size = local;
+    if (!hosts.empty()) e.master_addr = hosts.front();
+    e.job = "slurm-" + env_str(get, "SLURM_JOB_ID", env_str(get, "SLURM_JOBID", "")) + "." +
+            env_str(get, "SLURM_STEP_ID", env_str(get, "SLURM_STEPID", ""));
+    check_ranks(e, "SLURM_PROCID", "SLURM_STEP_NUM_TASKS");
   } else {
-    return e;  // one process
+    // One process. A batch script that asked Slurm for several tasks but started train without
+    // srun gets one rank, and is told.
+    if (get("SLURM_PROCID") != nullptr && !slurm_step && env_int(get, "SLURM_NTASKS", 1, 1) > 1) {
+      e.note = "SLURM_NTASKS=" + env_str(get, "SLURM_NTASKS", "") +
+               ", but this process is the batch script, not an srun step: training as one process; start the "
+               "ranks with `srun train fit ...`";
+    }
+    return e;
   }
   if (e.distributed() && get("MASTER_ADDR") == nullptr && e.local_world_size < e.world_size &&
-      e.launcher == "mpirun") {
+      (e.launcher == "mpirun" || e.launcher == "mpiexec")) {
     throw UsageError("ranks span several hosts but MASTER_ADDR is not set; pass it to every rank "
                      "(mpirun -x MASTER_ADDR=<rank 0's host> -x MASTER_PORT=<port>)");
   }
   e.master_addr = env_str(get, "MASTER_ADDR", e.master_addr);
+  // A scheduler's job gets a port of its own unless MASTER_PORT says otherwise; torchrun and
+  // `train launch` always set MASTER_PORT.
+  if (get("MASTER_PORT") == nullptr && !torch_style && !e.job.empty()) e.master_port = port_for_job(e.job);
   e.master_port = env_int(get, "MASTER_PORT", e.master_port, 1);
   check_ranks(e, "rank", "world size");
   return e;
@@ -221,9 +338,16 @@ std::shared_ptr<Group> Group::create(const Env& env, const DistributedConfig& co
     auto tcp = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
     // Keys are per attempt: a store that outlives a restart (an agent's, depending on the torchrun
     // version) must not hand this attempt the Gloo addresses or failure reports of the last one.
-    impl->store = c10::make_intrusive<c10d::PrefixStore>(log::str("train/", env.restart, "/"), tcp);
+    // ...and per job: a rank of another job that reaches this store (its own rank 0 could not
+    // bind the port) neither reads nor writes this job's keys.
+    impl->store = c10::make_intrusive<c10d::PrefixStore>(log::str("train/", env.job, "/", env.restart, "/"), tcp);
   } catch (const std::exception& e) {
     const std::string what = e.what();
+    if (so.isServer && what.find("Address already in use") != std::string::npos) {
+      throw Error(log::str("distributed: rank 0 could not serve the rendezvous on port ", so.port, " (", env.launcher,
+                           "): the port is in use, by another job on this host or an earlier run; set MASTER_PORT "
+                           "to a free port for every rank"));
+    }
     throw Error(log::str("distributed: rank ", env.rank, " could not join the rendezvous at ", env.master_addr, ":",
                          env.master_port, " within distributed.init_timeout_s = ", config.init_timeout_s,
                          " s (", env.launcher, "): ", what.substr(0, what.find('\n'))));
@@ -305,6 +429,22 @@ void Group::barrier() {
   // A one-element allreduce: works the same on every backend and proves all ranks are alive.
   auto t = torch::zeros({1}, torch::TensorOptions().device(impl_->device));
   allreduce(t, ReduceOp::Sum);
+}
+
+void Group::wait_for_all(const std::string& what, double timeout_s, const std::string& setting) {
+  if (size() <= 1) return;
+  const std::string key = log::str("wait/", ++impl_->store_barriers);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    if (impl_->store->add(key, 1) == size()) impl_->store->set(key + "/all", std::vector<uint8_t>{1});
+    impl_->store->wait({key + "/all"}, millis(timeout_s));
+  } catch (const std::exception& e) {
+    const std::string reason = e.what();
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    throw Error(log::str("distributed: rank ", rank(), " of ", size(), " waited ", log::fixed(waited, 0),
+                         " s for every rank to finish ", what, " (", setting, " = ", timeout_s,
+                         " s); a rank has died or is still at it: ", reason.substr(0, reason.find('\n'))));
+  }
 }
 
 int64_t Group::reduce_int(int64_t value, ReduceOp op) {

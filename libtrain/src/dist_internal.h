@@ -16,6 +16,7 @@ struct Group::Impl {
   double timeout_s = 0;
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<compat::C10dBackend> backend;
+  int64_t store_barriers = 0;  // wait_for_all calls so far: the same count on every rank
 
   // "rank 1 of 2 (gloo): allreduce failed: <c10d's reason>" as a train::Error.
   [[noreturn]] void fail(const std::string& op, const std::string& reason) const;

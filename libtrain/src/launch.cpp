@@ -157,6 +157,7 @@ int launch_local(const std::vector<std::string>& argv, const LaunchOptions& opti
   bool any_stopped = false;
   int signalled = 0;  // 128 + N: a rank ended by the stop signal N forwarded to it, with no checkpoint
   int forwarded = 0;  // the last stop signal forwarded to the ranks
+  int failed_after_stop = 0;  // the first other non-zero exit after a forwarded stop signal
   using Clock = std::chrono::steady_clock;
   Clock::time_point kill_at = Clock::time_point::max();
   const auto grace = std::chrono::milliseconds(static_cast<int64_t>(options.grace_seconds * 1000));
@@ -190,6 +191,16 @@ int launch_local(const std::vector<std::string>& argv, const LaunchOptions& opti
           if (kill_at == Clock::time_point::max()) kill_at = Clock::now() + grace;
           continue;
         }
+        if (forwarded != 0) {
+          // Asked to stop like the others: a rank whose peer the signal ended fails its next
+          // collective. The stop, not this, decides the exit code, unless no rank ended by the
+          // signal or stopped after a checkpoint.
+          failed_after_stop = failed_after_stop != 0 ? failed_after_stop : c.exit_code;
+          log::warn(log::str("launch: rank ", c.rank, " (pid ", c.pid, ") ", c.how, " after the ",
+                             strsignal(forwarded), " forwarded to every rank"));
+          if (kill_at == Clock::time_point::max()) kill_at = Clock::now() + grace;
+          continue;
+        }
         failure = c.exit_code;
         kill_at = Clock::now() + grace;
         log::error(log::str("launch: rank ", c.rank, " (pid ", c.pid, ") ", c.how, "; stopping the other ranks"));
@@ -213,6 +224,7 @@ int launch_local(const std::vector<std::string>& argv, const LaunchOptions& opti
   for (size_t i = 0; i < std::size(kForwardedSignals); ++i) sigaction(kForwardedSignals[i], &old_actions[i], nullptr);
   const int result = failure != kExitOk ? failure
                      : signalled != 0 ? signalled
+                     : failed_after_stop != 0 ? failed_after_stop
                      : any_stopped    ? static_cast<int>(kExitStopped)
                                       : kExitOk;
   if (result == kExitStopped) {

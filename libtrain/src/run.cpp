@@ -363,6 +363,7 @@ RunParts prepare_run(const Config& config, const RunOptions& options) {
     if (!problem.empty()) throw ConfigError(problem + " (data: " + r.train->describe() + ")");
   }
 
+  if (!env.note.empty() && options.plan_world_size == 0) log::warn(env.note);
   // Join the job before the plan: the ranks must agree on it. A rank that failed above (bad
   // data, bad config) has exited already, and its launcher stops the others.
   if (options.plan_world_size == 0 && env.distributed()) {
@@ -386,7 +387,13 @@ RunParts prepare_run(const Config& config, const RunOptions& options) {
   apply_plan_globals(draft);  // the probe measures under the run's threads and cuDNN settings
   inputs.memory = gather_evidence(config, r.device, draft, *r.model, shape, num_classes, static_cast<int>(world_size));
   r.plan = make_plan(config, r.device, inputs);
-  if (r.group) agree_across_ranks(r.plan, config, r.device, inputs, *r.group);
+  if (r.group) {
+    // A rank that measures memory can take longer than distributed.timeout_s while one that hit
+    // the plan cache waits in the agreement's first collective.
+    r.group->wait_for_all("measuring memory for the plan", config.distributed.init_timeout_s,
+                          "distributed.init_timeout_s");
+    agree_across_ranks(r.plan, config, r.device, inputs, *r.group);
+  }
   if (config.tuning.micro_batch == 0 && config.tuning.probe && env.rank == 0) {
     // A micro-batch that ran out of memory during training caps the next run's plan.
     r.record_oom = [dir = config.tuning.cache_dir, key = cache_key(config, r.device, draft, *r.model, shape,

@@ -1049,6 +1049,12 @@ FitResult Trainer::fit(const std::string& resume) {
         log::info("checkpoint " + result.last_checkpoint);
       }
     }
+    // The others wait for rank 0's write here, not in their next collective, which would give up
+    // after distributed.timeout_s (a large model on a slow disk takes longer).
+    if (s.group && checkpoint_due) {
+      s.group->wait_for_all(log::str("the checkpoint of step ", s.step), s.config.distributed.checkpoint_timeout_s,
+                            "distributed.checkpoint_timeout_s");
+    }
     window_start += Clock::now() - pause_start;
     if (stopping && !last) {
       log::warn(log::str("stop requested: stopped after step ", s.step, "; resume with --resume auto"));

@@ -185,6 +185,7 @@ struct DistributedConfig {
   std::string backend = "auto";  // auto (nccl with GPUs, gloo on CPUs) | nccl | gloo
   double timeout_s = 90;         // a collective (or a dead peer) fails after this long
   double init_timeout_s = 300;   // how long rank 0 waits for the others to join the rendezvous
+  double checkpoint_timeout_s = 1800;  // how long the other ranks wait for rank 0 to write a checkpoint
   double bucket_mb = 25;         // gradient bucket size for overlapped allreduce
   double first_bucket_mb = 1;    // the first bucket (last layers) is smaller, so communication starts early
   bool find_unused_parameters = false;  // tolerate parameters that get no gradient (else an error naming them)

@@ -60,6 +60,11 @@ struct DeviceProfile {
 // "auto" picks CUDA when a device is visible. Throws ConfigError when CUDA is asked for
 // and none is available. A GPU gets its peak figures from match_gpu().
 DeviceProfile detect_device(const std::string& request = "auto", int local_rank = 0);
+// The GPU a local rank trains on when the config names none (auto, "cuda"): local_rank modulo the
+// visible GPUs, so that each rank of a host gets its own, and GPU 0 for every rank that sees one
+// GPU of its own (Slurm's --gpus-per-task=1). More local ranks than GPUs (when several are
+// visible) would share GPUs, which NCCL refuses at its first collective: a ConfigError here.
+int gpu_for_local_rank(int local_rank, int visible_gpus);
 
 // The profile of a known GPU (a key of known_device_keys(), case-insensitive) for planning a run
 // on hardware this machine does not have: named = true, one visible GPU, total memory as CUDA

@@ -3,10 +3,16 @@
 //
 // A run learns its place in the job from the environment that its launcher sets:
 //   torchrun / `train launch`: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
-//   Slurm (srun):              SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE
 //   Open MPI (mpirun):         OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE
-// MASTER_ADDR / MASTER_PORT name the rendezvous store in every case; when every rank runs on this
-// host they default to 127.0.0.1:29500.
+//   MPICH / Intel MPI:         PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS
+//   Slurm (an srun step):      SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_LOCALID, SLURM_STEP_TASKS_PER_NODE,
+//                              SLURM_STEP_NODELIST, SLURMD_NODENAME
+// in that order: an MPI launcher's processes inside a Slurm allocation inherit SLURM_* variables
+// of another step. MASTER_ADDR / MASTER_PORT name the rendezvous store in every case. The address
+// defaults to 127.0.0.1 (Slurm: the step's first node); the port to 29500, or for a Slurm or Open
+// MPI job to one derived from its job id, so that two jobs on one host do not meet on one port.
+// RANK / WORLD_SIZE without LOCAL_WORLD_SIZE mean one host when MASTER_ADDR is this host (or unset),
+// and one rank per host otherwise.
 //
 // The rendezvous is a c10d TCPStore (served by rank 0, or by torchrun's agent), and the group is
 // c10d's NCCL backend when the ranks have GPUs and Gloo otherwise. c10d stays out of this header.
@@ -35,6 +41,8 @@ struct Env {
   std::string launcher = "none";  // none | torchrun | env | slurm | mpirun | train launch
   bool agent_store = false;       // torchrun's agent already serves the store: every rank is a client
   int64_t restart = 0;            // torchrun's TORCHELASTIC_RESTART_COUNT: keys of earlier attempts are not read
+  std::string job;                // the launcher's job id ("slurm-123.0", torchrun's run id); "" when none
+  std::string note;               // something the caller should log (a launcher setup that looks wrong)
 
   bool distributed() const { return world_size > 1; }
   std::string describe() const;
@@ -71,6 +79,12 @@ class Group {
   void allreduce(torch::Tensor& tensor, ReduceOp op = ReduceOp::Sum);
   void broadcast(std::vector<torch::Tensor>& tensors, int64_t root = 0);
   void barrier();
+  // Returns once every rank has called it, waiting up to timeout_s: for work that some ranks do
+  // alone and that may take longer than distributed.timeout_s (rank 0 writing a checkpoint, a rank
+  // measuring memory while the others hit the plan cache). Through the rendezvous store, so no
+  // backend timeout applies. `what` names the work and `setting` the key that sets timeout_s, for
+  // the error (train::Error) when a rank does not arrive in time or the store is gone.
+  void wait_for_all(const std::string& what, double timeout_s, const std::string& setting);
   // Scalar conveniences (a one-element allreduce on the group's device).
   int64_t reduce_int(int64_t value, ReduceOp op);
   double reduce_double(double value, ReduceOp op);

@@ -23,8 +23,9 @@ struct LaunchOptions {
 // Runs `argv` (argv[0] is the program) once per rank and waits for all of them. Returns 0 when
 // every rank exits 0; 3 when they stopped after a checkpoint (exit 3, the others 0 or 3, all
 // within grace_seconds of the first); 128 + N when a stop signal N the launcher forwarded ended a
-// rank that had not installed its handler yet (still starting up, so no checkpoint); otherwise the
-// first failing rank's exit code (1 for a rank killed by any other signal). Throws UsageError for
+// rank that had not installed its handler yet (still starting up, so no checkpoint), whatever the
+// other ranks exited with after it (a collective fails when a peer is gone); otherwise the first
+// failing rank's exit code (1 for a rank killed by any other signal). Throws UsageError for
 // nproc < 1 or a program that cannot be started.
 int launch_local(const std::vector<std::string>& argv, const LaunchOptions& options);
 
