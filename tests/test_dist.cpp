@@ -30,6 +30,7 @@
 #include <train/trainer.h>
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -512,6 +513,7 @@ TEST_CASE("wait_for_all: work one rank does alone may outlast distributed.timeou
   dc.timeout_s = 1;  // a collective gives up after 1 s
   std::string failure[2];
   double after_wait[2] = {0, 0};
+  std::atomic<bool> rank1_done{false};
   std::thread ranks[2];
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t r = 0; r < 2; ++r) {
@@ -527,11 +529,14 @@ TEST_CASE("wait_for_all: work one rank does alone may outlast distributed.timeou
         group->wait_for_all("the checkpoint of step 1", 30, "distributed.checkpoint_timeout_s");
         after_wait[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         group->barrier();  // the collective after it: both ranks arrive together
-        // Rank 1 alone now: it gives up after the limit, naming the work and the setting.
+        // Rank 1 alone now: it gives up after the limit, naming the work and the setting (rank 0,
+        // which serves the store, stays up meanwhile).
         if (r == 1) group->wait_for_all("the checkpoint of step 2", 1, "distributed.checkpoint_timeout_s");
+        while (r == 0 && !rank1_done) std::this_thread::sleep_for(std::chrono::milliseconds(10));
       } catch (const std::exception& e) {
         failure[r] = e.what();
       }
+      if (r == 1) rank1_done = true;
     });
   }
   for (auto& t : ranks) t.join();
@@ -1037,6 +1042,7 @@ TEST_CASE("a 1-rank checkpoint resumed by train launch --nproc 2: a warning and 
                                     " uninterrupted run"));
     CHECK_THAT(out, !Catch::Contains("other settings"));  // the same settings: only the rank count changed
     CHECK_THAT(out, Catch::Contains("parameters identical on all 2 ranks"));
+    CHECK_THAT(out, Catch::Contains("train launch, store 127.0.0.1:") && Catch::Contains("(served by the launcher)"));
     // Steps 3 and 4 took the samples the 1-rank run took there: its weights, up to summation order.
     const Config c = load_config(config);
     auto weights = [&](const std::string& path) {
@@ -1090,24 +1096,31 @@ TEST_CASE("a frozen rank 0 (its store too): the other rank still exits non-zero 
                            "distributed: {timeout_s: 5}\n"
                            "logging: {every_steps: 50, tensorboard: false}\n";
   const std::string run_dir = files::join(dir, "run");
-  auto p = spawn({kTrain, "launch", "--nproc", "2", config, "--run-dir", run_dir}, {}, files::join(dir, "out.log"));
+  // Started as a scheduler starts them (no `train launch`, whose launcher serves the store): rank 0
+  // serves the store.
+  const int port = free_port();
+  std::vector<Proc> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.push_back(spawn({kTrain, "fit", config, "--run-dir", run_dir},
+                          {{"RANK", std::to_string(r)}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", std::to_string(r)},
+                           {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)}},
+                          files::join(dir, "rank" + std::to_string(r) + ".log")));
+  }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   while (!files::exists(files::join(run_dir, "checkpoints/step_00000050.pt")) &&
          std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  const std::vector<pid_t> children = train_children(p.pid);
-  REQUIRE(children.size() == 2);
-  ::kill(children[0], SIGSTOP);
+  ::kill(ranks[0].pid, SIGSTOP);
   const auto t0 = std::chrono::steady_clock::now();
-  const int rc = wait_for(p, 90);
+  const int rc = wait_for(ranks[1], 90);
   const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  for (const pid_t c : children) ::kill(c, SIGKILL);
-  if (rc == -1) kill_and_reap(p);
-  const std::string out = slurp(p.log);
+  kill_and_reap(ranks[0]);
+  if (rc == -1) kill_and_reap(ranks[1]);
+  const std::string out = slurp(ranks[1].log);
   INFO(out);
   CHECK(rc == 1);
-  CHECK(waited < 75);  // 5 s timeout, at most 5 s posting and 4 s polling the frozen store, 30 s grace
+  CHECK(waited < 45);  // 5 s timeout, at most 5 s posting and 4 s polling the frozen store
   CHECK_THAT(out, Catch::Contains("distributed: rank 1 of 2 (gloo)"));
   files::remove_all(dir);
 }

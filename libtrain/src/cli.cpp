@@ -416,7 +416,11 @@ int cmd_launch(const CommonArgs& args, int nproc, int master_port, const std::st
   if (!resume.empty()) argv.insert(argv.end(), {"--resume", resume});
   LaunchOptions options;
   options.nproc = nproc;
-  options.master_port = master_port;
+  // The launcher serves the store: its port is bound before any rank starts, and stays up when a
+  // rank freezes.
+  const dist::LaunchStore store(options.master_addr, master_port, config.distributed.init_timeout_s);
+  options.master_port = store.port();
+  options.store_served = true;
   return launch_local(argv, options);
 }
 

@@ -256,8 +256,7 @@ void GradSync::broadcast_parameters() {
     state.push_back(item.value());
   }
   const auto mine = static_cast<int64_t>(h >> 1);
-  const int64_t low = s.group->reduce_int(mine, ReduceOp::Min);
-  const int64_t high = s.group->reduce_int(mine, ReduceOp::Max);
+  const auto [low, high] = s.group->range(mine);
   if (low != high) {
     throw Error(log::str("distributed: rank ", s.group->rank(),
                          ": the model's parameter names or shapes differ between ranks (every rank must build the "

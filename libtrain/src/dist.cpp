@@ -157,7 +157,7 @@ std::chrono::milliseconds millis(double seconds) {
 std::string Env::describe() const {
   if (!distributed()) return "single process";
   return log::str("rank ", rank, " of ", world_size, " (local ", local_rank, " of ", local_world_size, "), ", launcher,
-                  ", store ", master_addr, ":", master_port, agent_store ? " (torchrun agent)" : "");
+                  ", store ", master_addr, ":", master_port, agent_store ? (launcher == "train launch" ? " (served by the launcher)" : " (torchrun agent)") : "");
 }
 
 Env detect_env() {
@@ -181,7 +181,8 @@ Env detect_env(const Getenv& get) {
     e.world_size = env_int(get, "WORLD_SIZE", 1, 1);
     e.rank = env_int(get, "RANK", 0, 0);
     e.launcher = get("TORCHELASTIC_RUN_ID") ? "torchrun" : env_str(get, "TRAIN_LAUNCHER", "env");
-    e.agent_store = env_str(get, "TORCHELASTIC_USE_AGENT_STORE", "") == "True";
+    e.agent_store = env_str(get, "TORCHELASTIC_USE_AGENT_STORE", "") == "True" ||
+                    (e.launcher == "train launch" && env_str(get, "TRAIN_LAUNCH_STORE", "") == "1");
     e.restart = env_int(get, "TORCHELASTIC_RESTART_COUNT", 0, 0);
     e.job = env_str(get, "TORCHELASTIC_RUN_ID", "");
     if (get("LOCAL_WORLD_SIZE") != nullptr) {
@@ -275,6 +276,32 @@ Env detect_env(const Getenv& get) {
   return e;
 }
 
+// ---- LaunchStore ---------------------------------------------------------------------------
+
+struct LaunchStore::Impl {
+  c10::intrusive_ptr<c10d::TCPStore> store;
+};
+
+LaunchStore::LaunchStore(const std::string& host, int port, double timeout_s) : impl_(std::make_unique<Impl>()) {
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<uint16_t>(port);
+  so.isServer = true;
+  so.waitWorkers = false;  // the launcher starts the ranks after this returns
+  so.timeout = millis(timeout_s);
+  compat::store_without_libuv(so);
+  try {
+    impl_->store = c10::make_intrusive<c10d::TCPStore>(host, so);
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    throw Error(log::str("launch: could not serve the rendezvous store on ", host, ":", port, what.find("Address already in use") != std::string::npos ? " (the port is in use)" : "", ": ",
+                         what.substr(0, what.find('\n'))));
+  }
+}
+
+LaunchStore::~LaunchStore() = default;
+
+int LaunchStore::port() const { return impl_->store->getPort(); }
+
 // ---- Group ---------------------------------------------------------------------------------
 
 void Group::Impl::fail(const std::string& op, const std::string& reason) const {
@@ -326,7 +353,8 @@ std::shared_ptr<Group> Group::create(const Env& env, const DistributedConfig& co
   // torchrun's agent serves the store on MASTER_PORT. Its wire protocol is that of the torch
   // which runs torchrun; a LibTorch before 2.0 cannot talk to a 2.x agent, so such a build serves
   // its own store on the next port instead.
-  const bool use_agent = env.agent_store && compat::kTcpStoreSpeaksAgentProtocol;
+  // `train launch` runs the same LibTorch as its ranks.
+  const bool use_agent = env.agent_store && (compat::kTcpStoreSpeaksAgentProtocol || env.launcher == "train launch");
   c10d::TCPStoreOptions so;
   so.port = static_cast<uint16_t>(env.agent_store && !use_agent ? env.master_port + 1 : env.master_port);
   so.isServer = env.rank == 0 && !use_agent;
@@ -441,11 +469,30 @@ void Group::wait_for_all(const std::string& what, double timeout_s, const std::s
   } catch (const std::exception& e) {
     const std::string reason = e.what();
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (waited < 0.9 * timeout_s) {
+      // Failed long before the limit: the store is gone (its launcher was killed, and the ranks are
+      // stopping after this checkpoint). The ranks still reach each other through the backend.
+      log::warn(log::str("distributed: the rendezvous store did not answer (", reason.substr(0, reason.find('\n')),
+                         "); waiting for ", what, " in a collective instead"));
+      barrier();
+      return;
+    }
     throw Error(log::str("distributed: rank ", rank(), " of ", size(), " waited ", log::fixed(waited, 0),
                          " s for every rank to finish ", what, " (", setting, " = ", timeout_s,
                          " s); a rank has died or is still at it: ", reason.substr(0, reason.find('\n'))));
   }
 }
+
+std::vector<std::pair<int64_t, int64_t>> Group::ranges(const std::vector<int64_t>& values) {
+  std::vector<int64_t> both;  // max of v and of -v: the largest, and minus the smallest
+  for (const int64_t v : values) both.insert(both.end(), {v, -v});
+  const std::vector<int64_t> max = reduce_ints(both, ReduceOp::Max);
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (size_t i = 0; i < values.size(); ++i) out.emplace_back(-max[2 * i + 1], max[2 * i]);
+  return out;
+}
+
+std::pair<int64_t, int64_t> Group::range(int64_t value) { return ranges({value}).front(); }
 
 int64_t Group::reduce_int(int64_t value, ReduceOp op) {
   auto t = torch::full({1}, value, torch::TensorOptions().dtype(torch::kLong).device(impl_->device));

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstring>
 #include <iterator>
+#include <map>
 #include <thread>
 
 #include "train/errors.h"
@@ -89,6 +90,34 @@ int launch_local(const std::vector<std::string>& argv, const LaunchOptions& opti
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
+  const std::string cannot_run = "launch: cannot run " + argv[0] + ": ";
+  // Each rank's environment, made before fork: a child of a process with other threads (the
+  // store's) may only call async-signal-safe functions before exec, which setenv is not.
+  std::vector<std::vector<std::string>> rank_env(static_cast<size_t>(options.nproc));
+  std::vector<std::vector<char*>> rank_envp(static_cast<size_t>(options.nproc));
+  for (int rank = 0; rank < options.nproc; ++rank) {
+    const std::map<std::string, std::string> set{
+        {"RANK", std::to_string(rank)},
+        {"LOCAL_RANK", std::to_string(rank)},
+        {"WORLD_SIZE", std::to_string(options.nproc)},
+        {"LOCAL_WORLD_SIZE", std::to_string(options.nproc)},
+        {"MASTER_ADDR", options.master_addr},
+        {"MASTER_PORT", std::to_string(port)},
+        {"TRAIN_LAUNCHER", "train launch"},
+        {"TRAIN_LAUNCH_STORE", options.store_served ? "1" : ""}};
+    auto& vars = rank_env[static_cast<size_t>(rank)];
+    for (char** e = environ; *e != nullptr; ++e) {
+      const std::string entry = *e;
+      const std::string name = entry.substr(0, entry.find('='));
+      if (set.count(name) || name == "TORCHELASTIC_RUN_ID" || name == "TORCHELASTIC_USE_AGENT_STORE") continue;
+      vars.push_back(entry);
+    }
+    for (const auto& [name, value] : set) {
+      if (!value.empty()) vars.push_back(name + "=" + value);
+    }
+    for (auto& v : vars) rank_envp[static_cast<size_t>(rank)].push_back(v.data());
+    rank_envp[static_cast<size_t>(rank)].push_back(nullptr);
+  }
 
   g_forward_signal.store(0);
   struct sigaction sa {};
@@ -131,17 +160,12 @@ int launch_local(const std::vector<std::string>& argv, const LaunchOptions& opti
       if (::getppid() != launcher) ::_exit(kExitRuntime);
       for (const int sig : kForwardedSignals) ::signal(sig, SIG_DFL);
       sigprocmask(SIG_SETMASK, &old_mask, nullptr);
-      ::setenv("RANK", std::to_string(rank).c_str(), 1);
-      ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
-      ::setenv("WORLD_SIZE", std::to_string(options.nproc).c_str(), 1);
-      ::setenv("LOCAL_WORLD_SIZE", std::to_string(options.nproc).c_str(), 1);
-      ::setenv("MASTER_ADDR", options.master_addr.c_str(), 1);
-      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-      ::setenv("TRAIN_LAUNCHER", "train launch", 1);
-      ::unsetenv("TORCHELASTIC_RUN_ID");
-      ::unsetenv("TORCHELASTIC_USE_AGENT_STORE");
-      ::execv(args[0], args.data());
-      std::fprintf(stderr, "launch: cannot run %s: %s\n", args[0], std::strerror(errno));
+      ::execve(args[0], args.data(), rank_envp[static_cast<size_t>(rank)].data());
+      const int error = errno;
+      const char* why = std::strerror(error);  // glibc's table of messages: no allocation
+      (void)!::write(STDERR_FILENO, cannot_run.data(), cannot_run.size());
+      (void)!::write(STDERR_FILENO, why, std::strlen(why));
+      (void)!::write(STDERR_FILENO, "\n", 1);
       ::_exit(127);
     }
     children[static_cast<size_t>(rank)] = Child{rank, pid, true, 0, 0, ""};

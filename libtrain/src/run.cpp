@@ -290,10 +290,9 @@ void agree_across_ranks(Plan& plan, const Config& config, const DeviceProfile& d
   const char* names[] = {"global_batch", "accum_steps", "micro_batch", "precision", "loss scaling"};
   const std::string values[] = {std::to_string(plan.global_batch), std::to_string(plan.accum_steps),
                                 std::to_string(plan.micro_batch), plan.precision, plan.loss_scaling ? "on" : "off"};
-  const auto lo = group.reduce_ints(numbers, dist::ReduceOp::Min);
-  const auto hi = group.reduce_ints(numbers, dist::ReduceOp::Max);
+  const auto ranges = group.ranges(numbers);
   for (size_t i = 0; i < numbers.size(); ++i) {
-    if (lo[i] != hi[i]) {
+    if (ranges[i].first != ranges[i].second) {
       throw Error(log::str("distributed: the ranks resolved different plans (", names[i], " differs; rank ", group.rank(), " has ",
                            values[i], "); give every rank the same config and the same kind of device"));
     }

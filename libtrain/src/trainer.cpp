@@ -502,8 +502,7 @@ struct Trainer::Impl {
         // newest checkpoint is that one or one this run wrote, which has none pending).
         eval_pending = false;
         if (group) {
-          const int64_t lo = group->reduce_int(step, dist::ReduceOp::Min);
-          const int64_t hi = group->reduce_int(step, dist::ReduceOp::Max);
+          const auto [lo, hi] = group->range(step);
           if (lo != hi) {
             throw Error(log::str("on_nonfinite rollback: the ranks found different newest checkpoints (steps ", lo,
                                  " to ", hi, "); the run directory must be shared"));
@@ -753,9 +752,9 @@ FitResult Trainer::fit(const std::string& resume) {
   if (s.group) {
     // Each rank found its own checkpoint (rank 0 writes them): a run directory that is not shared,
     // or a stale listing of one, would pair one rank's step k with another's step j.
-    const auto steps = s.group->reduce_ints({s.step, -s.step}, dist::ReduceOp::Max);
-    if (steps[0] != -steps[1]) {
-      throw Error(log::str("the ranks start at different steps (", -steps[1], " to ", steps[0],
+    const auto [lo, hi] = s.group->range(s.step);
+    if (lo != hi) {
+      throw Error(log::str("the ranks start at different steps (", lo, " to ", hi,
                            "): rank ", s.plan.rank, " ", resume_path.empty() ? "starts fresh" : "resumed from " + resume_path,
                            "; every rank must see rank 0's checkpoints (a shared run directory)"));
     }

@@ -23,6 +23,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace train {
@@ -39,7 +40,7 @@ struct Env {
   std::string master_addr = "127.0.0.1";
   int64_t master_port = 29500;
   std::string launcher = "none";  // none | torchrun | env | slurm | mpirun | train launch
-  bool agent_store = false;       // torchrun's agent already serves the store: every rank is a client
+  bool agent_store = false;       // torchrun's agent or `train launch` serves the store: every rank is a client
   int64_t restart = 0;            // torchrun's TORCHELASTIC_RESTART_COUNT: keys of earlier attempts are not read
   std::string job;                // the launcher's job id ("slurm-123.0", torchrun's run id); "" when none
   std::string note;               // something the caller should log (a launcher setup that looks wrong)
@@ -53,6 +54,24 @@ struct Env {
 Env detect_env();
 // Same, from an explicit variable lookup (for tests).
 Env detect_env(const std::function<const char*(const char*)>& getenv_fn);
+
+// The rendezvous store of `train launch`, served by the launcher itself, on `port` or, for 0, a
+// port the kernel assigns as the store binds it: no window in which another process can take the
+// port between choosing and binding it, and a rank that freezes does not take the store with it.
+// Ranks started with TRAIN_LAUNCH_STORE=1 join it as clients. Throws train::Error when the port
+// cannot be bound.
+class LaunchStore {
+ public:
+  LaunchStore(const std::string& host, int port, double timeout_s);
+  ~LaunchStore();
+  LaunchStore(const LaunchStore&) = delete;
+  LaunchStore& operator=(const LaunchStore&) = delete;
+  int port() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 enum class ReduceOp { Sum, Min, Max };
 
@@ -83,11 +102,16 @@ class Group {
   // alone and that may take longer than distributed.timeout_s (rank 0 writing a checkpoint, a rank
   // measuring memory while the others hit the plan cache). Through the rendezvous store, so no
   // backend timeout applies. `what` names the work and `setting` the key that sets timeout_s, for
-  // the error (train::Error) when a rank does not arrive in time or the store is gone.
+  // the error (train::Error) when a rank does not arrive in time. When the store is gone (its
+  // launcher was killed), a barrier() in the backend takes its place.
   void wait_for_all(const std::string& what, double timeout_s, const std::string& setting);
   // Scalar conveniences (a one-element allreduce on the group's device).
   int64_t reduce_int(int64_t value, ReduceOp op);
   double reduce_double(double value, ReduceOp op);
+  // The smallest and the largest of each value over the ranks, in one allreduce: equal when every
+  // rank has the same. Values must be above INT64_MIN.
+  std::vector<std::pair<int64_t, int64_t>> ranges(const std::vector<int64_t>& values);
+  std::pair<int64_t, int64_t> range(int64_t value);
   // Several values in one allreduce, element by element.
   std::vector<int64_t> reduce_ints(const std::vector<int64_t>& values, ReduceOp op);
   std::vector<double> reduce_doubles(const std::vector<double>& values, ReduceOp op);

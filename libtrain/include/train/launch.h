@@ -18,6 +18,8 @@ struct LaunchOptions {
   int master_port = 0;         // 0 = a free port chosen on this host
   double grace_seconds = 30;   // after a rank fails: SIGTERM to the rest, SIGKILL after this long;
                                // after one stops (exit 3): SIGKILL to those still running after this long
+  bool store_served = false;   // the caller serves the rendezvous store on master_port (dist::LaunchStore):
+                               // the ranks join it as clients (TRAIN_LAUNCH_STORE=1)
 };
 
 // Runs `argv` (argv[0] is the program) once per rank and waits for all of them. Returns 0 when
