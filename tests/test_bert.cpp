@@ -14,6 +14,7 @@
 #include "train/safetensors.h"
 #include "train/text/tsv_dataset.h"
 #include "train/models/model.h"
+#include "train/run.h"
 
 using train::models::BertAttention;
 using train::models::BertHead;
@@ -546,6 +547,35 @@ TEST_CASE("TSV dataset: labels, truncation, dynamic padding, errors name file an
   CHECK_THROWS_WITH(train::parse_config("model: {name: bert-classifier}\ndata: {kind: tsv, root: /x}\n"
                                         "trainer: {global_batch: 2, max_steps: 1}\n", "tsv.yaml"),
                     Catch::Contains("data.vocab_file"));
+  train::files::remove_all(dir);
+}
+
+TEST_CASE("TSV data pads each batch to its own longest text, so the plan leaves cudnn.benchmark off", "[bert][tsv]") {
+  const std::string dir = train::files::make_temp_directory("tsv_shapes");
+  std::ofstream(dir + "/train.tsv") << "the cat sat\tpets\nthe dog\tother\nthe cat\tpets\nthe dog sat\tother\n";
+  std::ofstream(dir + "/val.tsv") << "the dog\tother\n";
+  std::ofstream(dir + "/vocab.txt") << "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\ncat\ndog\nsat\n";
+  const train::Config c = train::parse_config(
+      "model: {name: bert-classifier, preset: bert-tiny, vocab_size: 16, max_positions: 16, num_classes: 2}\n"
+      "data: {kind: tsv, root: " + dir + ", vocab_file: vocab.txt, seq_len: 16}\n"
+      "trainer: {global_batch: 2, max_steps: 1}\n"
+      "tuning: {device: a100-80gb, probe: false, cache_dir: " + dir + "/cache}\n", "tsv_shapes.yaml");
+  const auto train_set = train::data::make_dataset(c.data, train::data::Split::Train);
+  CHECK_FALSE(train_set->static_shapes());
+  CHECK(train::data::make_dataset(train::parse_config("model: {name: resnet18}\ndata: {kind: synthetic}\n"
+                                                      "trainer: {global_batch: 2, max_steps: 1}\n", "s.yaml").data,
+                                  train::data::Split::Train)->static_shapes());
+  train::RunOptions options;
+  options.data_optional = true;  // as train plan does
+  const train::RunParts run = train::prepare_run(c, options);
+  CHECK_FALSE(run.plan.cudnn_benchmark);
+  bool found = false;
+  for (const auto& d : run.plan.decisions) {
+    if (d.name != "cudnn_benchmark") continue;
+    found = true;
+    CHECK_THAT(d.reason, Catch::StartsWith("input shapes vary from batch to batch (tsv: " + dir + "/train.tsv"));
+  }
+  CHECK(found);
   train::files::remove_all(dir);
 }
 

@@ -256,3 +256,43 @@ TEST_CASE("cli: doctor and plan --device", "[cli]") {
   CHECK(cli({"plan", cfg, "--device", "a100-80gb", "--json"}) == train::kExitOk);
   CHECK(cli({"plan", cfg, "--device", "a100-80"}) == train::kExitInvalid);  // unknown profile
 }
+
+TEST_CASE("cli: plan --world-size N plans N ranks on one host unless --local-world-size says fewer", "[cli]") {
+  TempDir tmp("plan_local");
+  const std::string cfg = tmp.write("run.yaml", std::string(kSynthetic) + "tuning: {cache_dir: " + tmp.path + "}\n");
+  std::string out = output_of(STDOUT_FILENO, [&] { CHECK(cli({"plan", cfg, "--world-size", "8"}) == train::kExitOk); });
+  CHECK_THAT(out, Catch::Contains(" / 8 ranks on this host"));
+  out = output_of(STDOUT_FILENO, [&] {
+    CHECK(cli({"plan", cfg, "--world-size", "16", "--local-world-size", "4"}) == train::kExitOk);
+  });
+  CHECK_THAT(out, Catch::Contains(" / 4 ranks on this host"));
+  out = output_of(STDOUT_FILENO, [&] {
+    CHECK(cli({"plan", cfg, "--world-size", "4", "--local-world-size", "1"}) == train::kExitOk);
+  });
+  CHECK_THAT(out, !Catch::Contains("ranks on this host"));
+  std::string err = stderr_of([&] {
+    CHECK(cli({"plan", cfg, "--world-size", "8", "--local-world-size", "3"}) == train::kExitInvalid);
+  });
+  CHECK_THAT(err, Catch::Contains("--local-world-size 3: the ranks per host must divide --world-size 8"));
+  stderr_of([&] { CHECK(cli({"plan", cfg, "--world-size", "2", "--local-world-size", "4"}) == train::kExitInvalid); });
+  stderr_of([&] { CHECK(cli({"plan", cfg, "--local-world-size", "2"}) == train::kExitInvalid); });  // needs --world-size
+}
+
+TEST_CASE("cli: plan without the data leaves the schedule unresolved, not 0", "[cli]") {
+  TempDir tmp("plan_nodata");
+  const std::string sets[] = {"data.root=" + (tmp / "imagenet"), "tuning.cache_dir=" + tmp.path, "tuning.probe=false"};
+  const std::string config = std::string(TRAIN_SOURCE_DIR) + "/configs/resnet50_imagenet.yaml";
+  std::string out = output_of(STDOUT_FILENO, [&] {
+    CHECK(cli({"plan", config, "--device", "a100-80gb", "--json", "--set",
+               sets[0], "--set", sets[1], "--set", sets[2]}) == train::kExitOk);
+  });
+  CHECK_THAT(out, Catch::Contains("\"warmup_steps\":null"));
+  CHECK_THAT(out, Catch::Contains("\"warmup_epochs\":5"));
+  CHECK_THAT(out, Catch::Contains("\"total_steps\":null"));
+  out = output_of(STDOUT_FILENO, [&] {
+    CHECK(cli({"plan", config, "--device", "a100-80gb", "--set", sets[0],
+               "--set", sets[1], "--set", sets[2]}) == train::kExitOk);
+  });
+  CHECK_THAT(out, Catch::Contains("5 epochs"));
+  CHECK_THAT(out, Catch::Contains("resolved when the data is read"));
+}

@@ -104,6 +104,7 @@ TEST_CASE("device: real CUDA device names match their table entry", "[device]") 
       {"NVIDIA L40S", 8, 9, 44.5, "l40s"},
       {"NVIDIA H100 80GB HBM3", 9, 0, 79.1, "h100"},
       {"NVIDIA H100 PCIe", 9, 0, 79.1, "h100-pcie"},
+      {"NVIDIA H100 NVL", 9, 0, 92.6, "h100-nvl"},
       {"NVIDIA H200", 9, 0, 139.8, "h200"},
   };
   for (const Case& c : cases) {
@@ -167,18 +168,28 @@ TEST_CASE("device: an unknown name falls back by compute capability and memory",
     CHECK(matched_key("Orin", 8, 7, 30, &how) == "a10");
     CHECK_THAT(how, Contains("compute capability 8.x and 30 GiB -> closest a10"));
   }
-  SECTION("a newer architecture is planned as the newest one below it, by memory") {
-    CHECK(matched_key("NVIDIA GeForce RTX 5090", 12, 0, 31.4, &how) == "h100");
-    CHECK_THAT(how, Contains("newest known compute capability below 12.0 (9.0) and 31 GiB -> closest h100"));
+  SECTION("a newer architecture is planned as the newest one below it, by memory, the conservative entry on a tie") {
+    CHECK(matched_key("NVIDIA GeForce RTX 5090", 12, 0, 31.4, &how) == "h100-pcie");
+    CHECK_THAT(how, Contains("newest known compute capability below 12.0 (9.0) and 31 GiB -> closest h100-pcie"));
     CHECK(matched_key("NVIDIA B200", 10, 0, 178, &how) == "h200");
     CHECK_THAT(how, StartsWith("fallback: "));
   }
   SECTION("a name alone never matches an unknown GPU: GH200 is not the H200") {
-    CHECK(matched_key("NVIDIA GH200 480GB", 9, 0, 94.5, &how) == "h100");
+    CHECK(matched_key("NVIDIA GH200 480GB", 9, 0, 94.5, &how) == "h100-nvl");  // by memory: 96 GB HBM3
     CHECK_THAT(how, StartsWith("fallback: "));
   }
-  SECTION("a newer architecture is planned as the H100, not the H100 PCIe whose memory is 0.1 % closer") {
-    CHECK(matched_key("NVIDIA Future", 10, 0, 60, &how) == "h100");
+  SECTION("on a memory tie an unknown GPU gets the more conservative H100 PCIe, not the SXM module") {
+    CHECK(matched_key("NVIDIA Future", 10, 0, 60, &how) == "h100-pcie");
+    CHECK(matched_key("NVIDIA Future", 9, 0, 80, &how) == "h100-pcie");
+  }
+  SECTION("the Hopper entries list lower peaks first, so that ties fall back to them") {
+    for (size_t i = 1; i < gpu_specs().size(); ++i) {
+      const GpuSpec& a = gpu_specs()[i - 1];
+      const GpuSpec& b = gpu_specs()[i];
+      if (a.cc_major != 9 || b.cc_major != 9) continue;  // Hopper: the fallback of every newer GPU
+      CAPTURE(a.key, b.key);
+      CHECK(a.peak_bf16_tflops <= b.peak_bf16_tflops);
+    }
   }
   SECTION("a GPU older than every entry has no spec") {
     const GpuMatch m = match_gpu("Tesla P100-PCIE-16GB", 6, 0, gib(15.9), 56);
@@ -299,7 +310,7 @@ TEST_CASE("device: every table entry is complete and consistent", "[device]") {
   CHECK(known.size() == keys.size());
   CHECK(known.count("cpu") == 1);
   for (const char* key : {"t4", "v100-16gb", "v100-32gb", "a10", "a10g", "l4", "a100-40gb", "a100-80gb", "h100",
-                          "h100-pcie", "h200", "rtx3090", "rtx4090", "l40s"}) {
+                          "h100-pcie", "h100-nvl", "h200", "rtx3090", "rtx4090", "l40s"}) {
     CHECK(known.count(key) == 1);
   }
   for (const GpuSpec& spec : gpu_specs()) {
@@ -373,7 +384,7 @@ TEST_CASE("device: table memory is what CUDA reports and below the marketed size
   const std::map<std::string, double> marketed = {
       {"v100-16gb", 16}, {"v100-32gb", 32}, {"t4", 16},       {"a100-40gb", 40}, {"a100-80gb", 80},
       {"a10", 24},       {"a10g", 24},      {"rtx3090", 24},  {"l4", 24},        {"rtx4090", 24},
-      {"l40s", 48},      {"h100", 80},      {"h100-pcie", 80}, {"h200", 141}};
+      {"l40s", 48},      {"h100", 80},      {"h100-pcie", 80}, {"h100-nvl", 94}, {"h200", 141}};
   for (const GpuSpec& spec : gpu_specs()) {
     CAPTURE(spec.key);
     REQUIRE(marketed.count(spec.key) == 1);
@@ -389,12 +400,13 @@ TEST_CASE("device: table memory is what CUDA reports and below the marketed size
 }
 
 TEST_CASE("device: a name match with another SM count is approximate and scales the peaks", "[device]") {
-  SECTION("H100 NVL: 132 SMs like the SXM module, so the H100's figures as they are") {
-    const DeviceProfile p = cuda_device("NVIDIA H100 NVL", 9, 0, 93.1, 132);
-    CHECK(p.spec_key == "h100");
+  SECTION("H100 NVL: its own entry (lower clocks than the SXM module), 132 SMs as in the table") {
+    const DeviceProfile p = cuda_device("NVIDIA H100 NVL", 9, 0, 92.6, 132);
+    CHECK(p.spec_key == "h100-nvl");
     CHECK_FALSE(p.approximate);
-    CHECK(p.peak_bf16_tflops == 989);
-    CHECK(p.match == "detected: name 'NVIDIA H100 NVL' matches h100");
+    CHECK(p.peak_bf16_tflops == 835);
+    CHECK(p.bandwidth_gbs == 3900);
+    CHECK(p.match == "detected: name 'NVIDIA H100 NVL' matches h100-nvl");
   }
   SECTION("a 1g.10gb MIG slice of an A100 has 14 of its 108 SMs") {
     const DeviceProfile p = cuda_device("NVIDIA A100-SXM4-80GB MIG 1g.10gb", 8, 0, 9.5, 14);
@@ -426,7 +438,7 @@ TEST_CASE("device: a name match with another SM count is approximate and scales 
     CHECK(smaller.sm_scale == Approx(48.0 / 58));
     const GpuMatch bigger = match_gpu("NVIDIA GeForce RTX 5090", 12, 0, gib(31.4), 170);
     REQUIRE(bigger.spec != nullptr);
-    CHECK(bigger.spec->key == "h100");
+    CHECK(bigger.spec->key == "h100-pcie");
     CHECK(bigger.approximate);
     CHECK(bigger.sm_scale == 1.0);
     CHECK_THAT(bigger.how, !Contains("scaled"));
@@ -602,33 +614,58 @@ TEST_CASE("doctor: a missing driver is told apart from a GPU this container was 
 TEST_CASE("doctor: CUDA_VISIBLE_DEVICES is blamed only when it hides every GPU of a working driver", "[device][doctor]") {
   const NvidiaPresence two{2, true, 2};
   // Slurm and Kubernetes set CUDA_VISIBLE_DEVICES=0: a broken driver is not the variable's fault.
-  DoctorCheck c = gpus_check(0, false, two, "0");
+  DoctorCheck c = gpus_check(0, DriverState::missing, two, "0");
   CHECK(c.status == "fail");
   CHECK(c.hint == "see cuda_driver above");
   CHECK_THAT(c.detail, Contains("CUDA_VISIBLE_DEVICES=0"));
   // With a working driver, an empty value, -1 and a missing index hide every GPU.
   for (const char* value : {"", " ", "-1", "2", "5,0", "none"}) {
     CAPTURE(value);
-    c = gpus_check(0, true, two, value);
+    c = gpus_check(0, DriverState::usable, two, value);
     CHECK(c.status == "fail");
     CHECK_THAT(c.hint, StartsWith("CUDA_VISIBLE_DEVICES=" + std::string(value) + " hides every GPU"));
   }
   // Valid indices and UUIDs are not blamed (UUIDs cannot be checked here: compare with nvidia-smi -L).
   for (const char* value : {"0", "1", "0,1"}) {
     CAPTURE(value);
-    CHECK_THAT(gpus_check(0, true, two, value).hint, !Contains("hides every GPU"));
+    CHECK_THAT(gpus_check(0, DriverState::usable, two, value).hint, !Contains("hides every GPU"));
   }
-  c = gpus_check(0, true, two, "GPU-8f2a1c3e-0000-0000-0000-000000000000");
+  c = gpus_check(0, DriverState::usable, two, "GPU-8f2a1c3e-0000-0000-0000-000000000000");
   CHECK_THAT(c.hint, !Contains("hides every GPU"));
   CHECK_THAT(c.hint, Contains("nvidia-smi -L"));
-  c = gpus_check(0, true, two, nullptr);
+  c = gpus_check(0, DriverState::usable, two, nullptr);
   CHECK(c.status == "fail");
   CHECK_THAT(c.hint, !Contains("CUDA_VISIBLE_DEVICES"));
-  CHECK(gpus_check(2, true, two, "0,1").status == "ok");
+  CHECK(gpus_check(2, DriverState::usable, two, "0,1").status == "ok");
   // No device nodes: nothing was meant to be usable here, whatever the variable says.
-  CHECK(gpus_check(0, false, {}, "").status == "info");
-  CHECK(gpus_check(0, false, {}, "").hint.empty());
-  CHECK(gpus_check(0, false, {4, true, 0}, nullptr).status == "info");
+  CHECK(gpus_check(0, DriverState::missing, {}, "").status == "info");
+  CHECK(gpus_check(0, DriverState::missing, {}, "").hint.empty());
+  CHECK(gpus_check(0, DriverState::missing, {4, true, 0}, nullptr).status == "info");
+}
+
+TEST_CASE("doctor: a driver too old for the runtime is the cause, not missing GPUs or Xid errors", "[device][doctor]") {
+  const NvidiaPresence two{2, true, 2};
+  const DoctorCheck driver = cuda_driver_check(12080, 13000, "570.86.15");
+  REQUIRE(driver.status == "fail");
+  for (const char* value : {static_cast<const char*>(nullptr), "0", "-1"}) {
+    CAPTURE(value ? value : "(unset)");
+    const DoctorCheck c = gpus_check(0, DriverState::unusable, two, value);
+    CHECK(c.status == "fail");
+    CHECK(c.hint == "see cuda_driver above");
+  }
+}
+
+TEST_CASE("doctor: the driver's own version, from /proc/driver/nvidia/version", "[device][doctor]") {
+  CHECK(nvidia_driver_version("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC "
+                              "2023\nGCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n") == "535.104.05");
+  CHECK(nvidia_driver_version("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build  "
+                              "(dvs-builder@U16-I3-B03-4-3)  Thu Sep 25 20:16:33 UTC 2025\n") == "580.95.05");
+  CHECK(nvidia_driver_version("NVRM version: NVIDIA UNIX aarch64 Kernel Module  550.54.15  Tue Mar  5 22:15:33 UTC "
+                              "2024") == "550.54.15");
+  CHECK(nvidia_driver_version("").empty());
+  CHECK(nvidia_driver_version("GCC version:  gcc version 12.2.0\n").empty());  // not on the first line
+  CHECK(cuda_driver_check(13000, 13000, "580.95.05").detail == "580.95.05, supports CUDA 13.0");
+  CHECK(cuda_driver_check(13000, 13000).detail == "supports CUDA 13.0");
 }
 
 TEST_CASE("doctor: the kernels line and version formats", "[device][doctor]") {
@@ -672,7 +709,7 @@ TEST_CASE("doctor: the JSON report parses also with invalid UTF-8 in CUDA_VISIBL
   CHECK(python_accepts_json(doctor_json(checks), "any(c['name'] == 'smoke_conv' and c['status'] == 'ok' for c in d)"));
 
   // The variable's bytes are shown as \xNN; any other invalid UTF-8 becomes U+FFFD.
-  const DoctorCheck gpus = gpus_check(0, true, {1, true, 1}, "\xff\xfe\"0\n");
+  const DoctorCheck gpus = gpus_check(0, DriverState::usable, {1, true, 1}, "\xff\xfe\"0\n");
   CHECK_THAT(gpus.detail, Contains("CUDA_VISIBLE_DEVICES=\\xff\\xfe\"0\\x0a"));
   const std::vector<DoctorCheck> odd{gpus, {"cpu", "info", "caf\xc3\xa9 \xc3\x28 \xed\xa0\x80 \xf0\x9f\x98", ""}};
   const std::string json = doctor_json(odd);

@@ -400,3 +400,120 @@ TEST_CASE("the BLAS LibTorch calls on CPU is an optimized one, and reported", "[
   CHECK(cpu.blas.find("/blas/libblas.so") == std::string::npos);
   CHECK((cpu.blas.find("openblas") != std::string::npos || cpu.blas.find("mkl") != std::string::npos));
 }
+
+TEST_CASE("plan: a per-rank batch without a divisor near the cap warns and names batches that split well", "[plan]") {
+  auto micro_reason = [](const Plan& p) {
+    for (const auto& d : p.decisions) {
+      if (d.name == "micro_batch") return d.reason;
+    }
+    return std::string();
+  };
+  SECTION("331 is prime: 331 passes of 1, not silently") {
+    Config c = base_config(331);
+    c.tuning.max_micro_batch = 128;
+    const Plan p = make_plan(c, cpu_profile(), {});
+    CHECK(p.global_batch == 331);  // kept exact: changing it would change the optimisation
+    CHECK(p.micro_batch == 1);
+    CHECK(p.accum_steps == 331);
+    CHECK_THAT(micro_reason(p), Catch::Contains("WARNING: the per-rank batch 331 has no divisor from 64 to 128, so "
+                                                "each step runs 331 passes of micro-batch 1"));
+    CHECK_THAT(micro_reason(p), Catch::Contains("330 (micro-batch 110 x accum 3) and 332 (micro-batch 83 x accum 4)"));
+  }
+  SECTION("514 = 2 x 257 under a cap of 256: micro-batch 2") {
+    Config c = base_config(514);
+    c.tuning.max_micro_batch = 256;
+    const Plan p = make_plan(c, cpu_profile(), {});
+    CHECK(p.micro_batch == 2);
+    CHECK_THAT(micro_reason(p), Catch::Contains("513 (micro-batch 171 x accum 3) and 516 (micro-batch 172 x accum 3)"));
+  }
+  SECTION("the suggestions are multiples of the world size") {
+    Config c = base_config(662);
+    c.tuning.max_micro_batch = 128;
+    PlanInputs in;
+    in.world_size = 2;
+    const Plan p = make_plan(c, cpu_profile(), in);
+    CHECK(p.micro_batch == 1);
+    CHECK_THAT(micro_reason(p), Catch::Contains("660 (330 per rank: micro-batch 110 x accum 3) and 664 (332 per rank: "
+                                                "micro-batch 83 x accum 4)"));
+  }
+  SECTION("a measured memory cap counts like tuning.max_micro_batch") {
+    Config c = base_config(331);
+    PlanInputs in;
+    in.memory.max_micro_batch = 100;
+    in.memory.budget_bytes = int64_t{1} << 30;
+    in.memory.per_sample_bytes = 1e6;
+    const Plan p = make_plan(c, gpu_profile(8), in);
+    CHECK(p.micro_batch == 1);
+    CHECK_THAT(micro_reason(p), Catch::Contains("no divisor from 50 to 100"));
+  }
+  SECTION("no warning when a divisor of at least half the cap exists, or nothing caps the batch") {
+    Config c = base_config(96);
+    c.tuning.max_micro_batch = 40;  // 32
+    CHECK_THAT(micro_reason(make_plan(c, cpu_profile(), {})), !Catch::Contains("WARNING"));
+    CHECK_THAT(micro_reason(make_plan(base_config(331), cpu_profile(), {})), !Catch::Contains("WARNING"));
+  }
+}
+
+TEST_CASE("plan: cudnn.benchmark stays off for data whose shapes vary, and the reason says why", "[plan]") {
+  const Config c = base_config(64);
+  PlanInputs in;
+  CHECK(make_plan(c, gpu_profile(8), in).cudnn_benchmark);
+  in.static_shapes = false;
+  in.varying_shapes = "tsv: train.tsv, 3 texts";
+  const Plan p = make_plan(c, gpu_profile(8), in);
+  CHECK_FALSE(p.cudnn_benchmark);
+  bool found = false;
+  for (const auto& d : p.decisions) {
+    if (d.name != "cudnn_benchmark") continue;
+    found = true;
+    CHECK(d.value == "off");
+    CHECK_THAT(d.reason, Catch::StartsWith("input shapes vary from batch to batch (tsv: train.tsv, 3 texts)"));
+  }
+  CHECK(found);
+}
+
+TEST_CASE("plan: without the data the schedule is unknown, not 0", "[plan]") {
+  Config c = base_config(64);
+  c.trainer.epochs = 90;
+  c.schedule.warmup_epochs = 5;
+  Plan p = make_plan(c, cpu_profile(), {});
+  defer_schedule(p, c);
+  CHECK_FALSE(p.schedule_known);
+  const std::string json = p.to_json();
+  CHECK_THAT(json, Catch::Contains("\"warmup_steps\":null"));
+  CHECK_THAT(json, Catch::Contains("\"warmup_epochs\":5"));
+  CHECK_THAT(json, Catch::Contains("\"total_steps\":null"));
+  CHECK_THAT(json, Catch::Contains("\"steps_per_epoch\":null"));
+  const std::string text = p.to_text();
+  CHECK_THAT(text, Catch::Matches("[\\s\\S]*warmup_steps +5 epochs +[^\\n]*resolved when the data is read[\\s\\S]*"));
+  CHECK_THAT(text, Catch::Matches("[\\s\\S]*total_steps +90 epochs +[^\\n]*resolved when the data is read[\\s\\S]*"));
+
+  c.schedule.warmup_epochs = 0;
+  c.schedule.warmup_steps = 100;
+  c.trainer.epochs = 0;
+  c.trainer.max_steps = 1000;
+  Plan q = make_plan(c, cpu_profile(), {});
+  defer_schedule(q, c);
+  CHECK_THAT(q.to_text(), Catch::Matches("[\\s\\S]*total_steps +1000 +trainer.max_steps\\n[\\s\\S]*"));
+  CHECK_THAT(q.to_text(), Catch::Matches("[\\s\\S]*warmup_steps +100 +schedule.warmup_steps[\\s\\S]*"));
+
+  // Once the data is read, numbers.
+  Plan r = make_plan(c, cpu_profile(), {});
+  finalize_schedule(r, c, 6400);
+  CHECK(r.schedule_known);
+  CHECK_THAT(r.to_json(), Catch::Contains("\"warmup_steps\":100"));
+  CHECK_THAT(r.to_json(), Catch::Contains("\"total_steps\":1000"));
+}
+
+TEST_CASE("plan: scale mode with a fixed micro-batch names tuning.micro_batch as the reason", "[plan]") {
+  Config c = base_config(256);
+  c.tuning.batch = "scale";
+  c.tuning.micro_batch = 64;
+  const Plan p = make_plan(c, gpu_profile(8), {});
+  CHECK(p.global_batch == 256);
+  REQUIRE(p.decisions.size() > 1);
+  CHECK(p.decisions[1].name == "global_batch");
+  CHECK(p.decisions[1].reason ==
+        "tuning.batch scale, but tuning.micro_batch 64 fixes the micro-batch (and nothing is measured): "
+        "trainer.global_batch");
+}

@@ -256,7 +256,11 @@ int cmd_check(const CommonArgs& args) {
   });
 }
 
-int cmd_plan(CommonArgs args, bool json, const std::string& device, int64_t world_size) {
+int cmd_plan(CommonArgs args, bool json, const std::string& device, int64_t world_size, int64_t local_world_size) {
+  if (local_world_size > 0 && (local_world_size > world_size || world_size % local_world_size != 0)) {
+    throw UsageError(log::str("--local-world-size ", local_world_size, ": the ranks per host must divide --world-size ",
+                              world_size, " (", world_size, " ranks on hosts of ", local_world_size, " each)"));
+  }
   if (!device.empty()) args.sets.push_back("tuning.device=" + device);
   const Config config = load_config(args.config, args.sets);
   log::set_level(config.logging.level);  // before anything logs (the probe, the plan cache)
@@ -264,6 +268,7 @@ int cmd_plan(CommonArgs args, bool json, const std::string& device, int64_t worl
     RunOptions options;
     options.data_optional = true;  // plan for data that lives on another machine
     options.plan_world_size = world_size;
+    options.plan_local_world_size = local_world_size;
     const RunParts run = prepare_run(config, options);
     std::cout << (json ? run.plan.to_json() + "\n" : run.plan.to_text());
     return kExitOk;
@@ -502,8 +507,15 @@ int run_cli(int argc, char** argv) {
   plan->add_flag("--json", plan_json, "Print JSON");
   std::string plan_device;
   int64_t plan_world_size = 0;
-  plan->add_option("--world-size", plan_world_size, "Plan for this many data-parallel ranks (default: this process's)")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  auto* world_size_option =
+      plan->add_option("--world-size", plan_world_size, "Plan for this many data-parallel ranks (default: this process's)")
+          ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  int64_t plan_local_world_size = 0;
+  plan->add_option("--local-world-size", plan_local_world_size,
+                   "Of the --world-size ranks, how many share one host's cores, which sets each rank's threads and "
+                   "loader workers; must divide --world-size (default: all of them, one host)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+      ->needs(world_size_option);
   plan->add_option("--device", plan_device,
                    "Plan for a named device profile instead of this machine's (e.g. t4, a100-80gb, h100, cpu)");
 
@@ -551,7 +563,7 @@ int run_cli(int argc, char** argv) {
     if (fit->parsed()) return cmd_fit(fit_args, run_dir, resume, stop_signals);
     if (eval->parsed()) return cmd_eval(eval_args, checkpoint);
     if (check->parsed()) return cmd_check(check_args);
-    if (plan->parsed()) return cmd_plan(plan_args, plan_json, plan_device, plan_world_size);
+    if (plan->parsed()) return cmd_plan(plan_args, plan_json, plan_device, plan_world_size, plan_local_world_size);
     if (launch->parsed()) {
       return cmd_launch(launch_args, nproc, master_port, launch_run_dir, launch_resume, self_executable(argv[0]));
     }

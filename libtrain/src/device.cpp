@@ -509,9 +509,12 @@ int available_cores() {
 // sparsity and are twice these); tensor-core fp16/bf16 with fp32 accumulate. GeForce cards
 // (RTX 3090, RTX 4090) from NVIDIA's Ampere GA102 and Ada Lovelace architecture whitepapers. The
 // A10G, made for AWS, has no public NVIDIA datasheet: its figures are those AWS and NVIDIA publish
-// for G5 instances. V100 figures are the SXM2 module's (PCIe: 112 fp16, 14 fp32). Ordered by
-// compute capability, and within it the more common or more conservative entry first, since
-// match_gpu breaks memory ties by table order.
+// for G5 instances. V100 figures are the SXM2 module's (PCIe: 112 fp16, 14 fp32). The H100 NVL's
+// are its per-GPU datasheet figures (94 GB HBM3, 3.9 TB/s; 1,671 bf16 and 835 TF32 with sparsity).
+// Ordered by compute capability, and within it the more conservative entry (lower peaks) first:
+// match_gpu breaks memory ties by table order, so that a GPU it does not know (a newer
+// architecture, an RTX 5090 of compute capability 12.0, planned as the newest known one) falls
+// back to the H100 PCIe's figures, not the SXM module's.
 //
 // Memory is what CUDA reports as the device's total (cudaDeviceProp::totalGlobalMem, PyTorch's
 // get_device_properties().total_memory), in MiB: the marketed "16 GB" of a T4 is 14.8 GiB there.
@@ -522,7 +525,8 @@ int available_cores() {
 //   H100 80GB HBM3 81090, H100 PCIe 81008, H200 143156 (this project's H200 printed 140 GiB, see
 //   benchmarks/results/2026-11-29-h200/). Estimates: the A10 is taken as the A10G (one board,
 //   24 GB GDDR6); the L4 as its nvidia-smi total, 23034 MiB, less the ~440 MiB the A10's driver
-//   keeps back (23028 vs 22587 MiB).
+//   keeps back (23028 vs 22587 MiB); the H100 NVL as its NVML total, 95330 MiB, less the 469 MiB
+//   by which the H100 SXM's CUDA total is below its NVML total (81090 vs 81559 MiB).
 const std::vector<GpuSpec>& gpu_specs() {
   constexpr int64_t MiB = int64_t{1} << 20;
   // clang-format off
@@ -539,8 +543,9 @@ const std::vector<GpuSpec>& gpu_specs() {
       {"l4",        "NVIDIA L4",               {"l4"},            8, 9,  22593 * MiB,  58,   121,   121,    60, 30.3,  300},
       {"rtx4090",   "NVIDIA GeForce RTX 4090", {"rtx 4090"},      8, 9,  24563 * MiB, 128, 165.2, 165.2,  82.6, 82.6, 1008},
       {"l40s",      "NVIDIA L40S",             {"l40s"},          8, 9,  45589 * MiB, 142,   362,   362,   183, 91.6,  864},
-      {"h100",      "NVIDIA H100 80GB HBM3",   {"h100"},          9, 0,  81090 * MiB, 132,   989,   989,   494, 67.0, 3350},
       {"h100-pcie", "NVIDIA H100 PCIe",        {"h100 pcie"},     9, 0,  81008 * MiB, 114,   756,   756,   378, 51.0, 2000},
+      {"h100-nvl",  "NVIDIA H100 NVL",         {"h100 nvl"},      9, 0,  94861 * MiB, 132,   835,   835,   418, 60.0, 3900},
+      {"h100",      "NVIDIA H100 80GB HBM3",   {"h100"},          9, 0,  81090 * MiB, 132,   989,   989,   494, 67.0, 3350},
       {"h200",      "NVIDIA H200",             {"h200"},          9, 0, 143156 * MiB, 132,   989,   989,   494, 67.0, 4800},
   };
   // clang-format on

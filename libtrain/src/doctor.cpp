@@ -3,10 +3,12 @@
 #include <dlfcn.h>
 #include <torch/torch.h>
 
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <sstream>
 
 #include "compat.h"
@@ -105,8 +107,9 @@ std::string hides_every_gpu(const std::string& value, int gpus_present) {
 
 }  // namespace
 
-DoctorCheck cuda_driver_check(int driver, int runtime) {
-  const std::string detail = "supports CUDA " + version_string(driver);
+DoctorCheck cuda_driver_check(int driver, int runtime, const std::string& driver_version) {
+  const std::string detail =
+      (driver_version.empty() ? std::string() : driver_version + ", ") + "supports CUDA " + version_string(driver);
   if (driver / 1000 < runtime / 1000) {
     return {"cuda_driver", "fail", detail,
             "the driver supports CUDA " + version_string(driver) + " but LibTorch's runtime is CUDA " +
@@ -121,6 +124,21 @@ DoctorCheck cuda_driver_check(int driver, int runtime) {
             "a driver for CUDA " + version_string(runtime)};
   }
   return {"cuda_driver", "ok", detail, ""};
+}
+
+std::string nvidia_driver_version(const std::string& text) {
+  // The first line, "NVRM version: ..."; its first token of digits and dots with a dot in it
+  // (x86_64, the build date and time do not qualify).
+  const std::string line = first_line(text);
+  if (line.rfind("NVRM version:", 0) != 0) return "";
+  std::istringstream words(line);
+  for (std::string word; words >> word;) {
+    if (word.find('.') != std::string::npos && word.find_first_not_of("0123456789.") == std::string::npos &&
+        std::isdigit(static_cast<unsigned char>(word.front()))) {
+      return word;
+    }
+  }
+  return "";
 }
 
 std::string cuda_failure_hint(const std::string& m) {
@@ -200,13 +218,15 @@ DoctorCheck no_driver_check(const NvidiaPresence& hw, bool libcuda_found) {
   return {"cuda_driver", "info", "no NVIDIA driver or GPU", ""};
 }
 
-DoctorCheck gpus_check(int visible, bool driver_loaded, const NvidiaPresence& hw, const char* cuda_visible_devices) {
+DoctorCheck gpus_check(int visible, DriverState driver, const NvidiaPresence& hw, const char* cuda_visible_devices) {
   std::string detail = std::to_string(visible) + " visible";
   const std::string value = cuda_visible_devices ? printable(cuda_visible_devices) : "";
   if (cuda_visible_devices) detail += " (CUDA_VISIBLE_DEVICES=" + value + ")";
   if (visible > 0) return {"gpus", "ok", detail, ""};
   const std::string status = hw.device_nodes > 0 ? "fail" : "info";
-  if (!driver_loaded) return {"gpus", status, detail, hardware_seen(hw) ? "see cuda_driver above" : ""};
+  // A driver too old for the runtime hides every GPU from CUDA: that, not the GPUs, is the cause.
+  if (driver == DriverState::unusable) return {"gpus", status, detail, "see cuda_driver above"};
+  if (driver == DriverState::missing) return {"gpus", status, detail, hardware_seen(hw) ? "see cuda_driver above" : ""};
   if (cuda_visible_devices) {
     const int present = hw.device_nodes > 0 ? hw.device_nodes : hw.pci_gpus;
     const std::string why = hides_every_gpu(cuda_visible_devices, present);
@@ -278,27 +298,44 @@ std::vector<DoctorCheck> run_doctor() {
   const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
 
 #ifdef TRAIN_WITH_CUDA
-  bool driver_loaded = false;
+  DriverState driver_state = DriverState::missing;
   guarded(checks, "cuda_driver", [&] {
     int runtime = 0, driver = 0;
     cudaRuntimeGetVersion(&runtime);
     const cudaError_t driver_err = cudaDriverGetVersion(&driver);
-    checks.push_back({"cuda_runtime", "info", version_string(runtime) + " (LibTorch built with " +
-                                                  std::to_string(CUDA_VERSION / 1000) + "." +
-                                                  std::to_string(CUDA_VERSION % 1000 / 10) + ")",
-                      ""});
-    driver_loaded = driver_err == cudaSuccess && driver > 0;
-    checks.push_back(driver_loaded ? cuda_driver_check(driver, runtime) : no_driver_check(hw, libcuda_loadable()));
+    // The CUDA LibTorch was compiled with (torch.version.cuda), and train's own headers' when they
+    // differ; the runtime is the libcudart loaded.
+    std::string built = "train built with CUDA " + version_string(CUDA_VERSION);
+    try {
+      const long torch_cuda = at::detail::getCUDAHooks().versionCUDART();
+      if (torch_cuda != CUDA_VERSION) {
+        built = "LibTorch built with CUDA " + version_string(static_cast<int>(torch_cuda)) + ", " + built;
+      } else {
+        built = "LibTorch and train built with CUDA " + version_string(CUDA_VERSION);
+      }
+    } catch (const c10::Error&) {
+      // LibTorch's CUDA library is not loaded: only train's own version is known.
+    }
+    checks.push_back({"cuda_runtime", "info", version_string(runtime) + " (" + built + ")", ""});
+    if (driver_err == cudaSuccess && driver > 0) {
+      std::ifstream proc("/proc/driver/nvidia/version");
+      const std::string text((std::istreambuf_iterator<char>(proc)), std::istreambuf_iterator<char>());
+      DoctorCheck check = cuda_driver_check(driver, runtime, nvidia_driver_version(text));
+      driver_state = check.status == "fail" ? DriverState::unusable : DriverState::usable;
+      checks.push_back(std::move(check));
+    } else {
+      checks.push_back(no_driver_check(hw, libcuda_loadable()));
+    }
   });
   int gpus = 0;
   guarded(checks, "gpus", [&] {
     gpus = torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
   });
-  if (gpus > 0) {
-    guarded(checks, "cudnn", [&] {
-      checks.push_back({"cudnn", "info", cudnn_version_string(at::detail::getCUDAHooks().versionCuDNN()), ""});
-    });
-  }
+  // The cuDNN LibTorch was built with: known without a GPU, and most wanted when none is found.
+  guarded(checks, "cudnn", [&] {
+    checks.push_back({"cudnn", "info", cudnn_version_string(at::detail::getCUDAHooks().versionCuDNN()) +
+                                           " (the version LibTorch was built with)", ""});
+  });
   guarded(checks, "nccl", [&] {
     // Encoded as major << 32 | minor << 16 | patch, as torch.cuda.nccl.version() decodes it.
     const uint64_t v = torch::cuda::nccl::version();
@@ -307,7 +344,7 @@ std::vector<DoctorCheck> run_doctor() {
                           std::to_string(v & 0xffff) + torch::cuda::nccl::version_suffix(),
                       ""});
   });
-  checks.push_back(gpus_check(gpus, driver_loaded, hw, visible));
+  checks.push_back(gpus_check(gpus, driver_state, hw, visible));
   for (int i = 0; i < gpus; ++i) {
     const std::string name = "gpu" + std::to_string(i);
     guarded(checks, name, [&] {

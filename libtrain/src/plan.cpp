@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <utility>
 #include <sstream>
 
 #include "train/errors.h"
@@ -68,6 +70,38 @@ int64_t largest_divisor_at_most(int64_t n, int64_t cap) {
   return 1;
 }
 
+// The per-rank batches nearest to `per_rank`, one below and one above, that have a divisor of at
+// least half of `cap` (and at most `cap`). A per-rank batch that is prime, or twice a prime, has
+// none, and would run as many passes of a tiny micro-batch. O(cap): for each such divisor, its
+// multiples on either side. Assumes cap < per_rank, so that a multiple below exists.
+std::pair<int64_t, int64_t> nearest_splittable(int64_t per_rank, int64_t cap) {
+  int64_t below = 0, above = std::numeric_limits<int64_t>::max();
+  for (int64_t d = (cap + 1) / 2; d <= cap; ++d) {
+    const int64_t lower = per_rank / d * d;
+    below = std::max(below, lower < per_rank ? lower : lower - d);
+    above = std::min(above, lower + d);
+  }
+  return {below, above};
+}
+
+// "global 320 (micro-batch 64 x accum 5)", with the per-rank batch when there are several ranks.
+std::string split_text(int64_t per_rank, int64_t cap, int64_t world) {
+  const int64_t micro = largest_divisor_at_most(per_rank, cap);
+  return log::str(per_rank * world, " (", world > 1 ? log::str(per_rank, " per rank: ") : std::string(),
+                  "micro-batch ", micro, " x accum ", per_rank / micro, ")");
+}
+
+// The micro_batch warning when the divisor chosen is below half the cap: what the split costs, and
+// the nearest global batches (multiples of the world size) that split well. The batch stays as
+// configured: changing it would change the optimisation.
+std::string poor_split_warning(int64_t per_rank, int64_t cap, int64_t micro, int64_t world) {
+  const auto [below, above] = nearest_splittable(per_rank, cap);
+  return log::str("WARNING: the per-rank batch ", per_rank, " has no divisor from ", (cap + 1) / 2, " to ", cap,
+                  ", so each step runs ", per_rank / micro, " passes of micro-batch ", micro,
+                  " (slow); the nearest global batches that split well are ", split_text(below, cap, world), " and ",
+                  split_text(above, cap, world), " (trainer.global_batch)");
+}
+
 }  // namespace
 
 MemoryEvidence with_current_budget(MemoryEvidence cached, int64_t budget_bytes) {
@@ -102,6 +136,7 @@ Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInpu
   plan.rank = inputs.rank;
   plan.model_params = inputs.model_params;
   plan.global_batch = config.trainer.global_batch;
+  plan.warmup_epochs = config.schedule.warmup_epochs;
   auto decide = [&plan](const std::string& name, const std::string& value, const std::string& reason) {
     plan.decisions.push_back({name, value, reason});
   };
@@ -147,6 +182,9 @@ Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInpu
   } else {
     decide("global_batch", std::to_string(plan.global_batch),
            !scale_mode ? "trainer.global_batch (tuning.batch fixed: the same on every device)"
+           : config.tuning.micro_batch > 0
+               ? "tuning.batch scale, but tuning.micro_batch " + std::to_string(config.tuning.micro_batch) +
+                     " fixes the micro-batch (and nothing is measured): trainer.global_batch"
            : nothing_fits(mem)
                ? "tuning.batch scale, but not even one sample fits the memory budget: trainer.global_batch"
                : "tuning.batch scale, but no memory measurement on this device: trainer.global_batch");
@@ -160,6 +198,7 @@ Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInpu
   }
   const int64_t per_rank = plan.global_batch / plan.world_size;
   std::string micro_reason;
+  std::string poor_split;  // a warning when the per-rank batch has no divisor near the cap
   if (config.tuning.micro_batch > 0) {
     plan.micro_batch = config.tuning.micro_batch;
     if (per_rank % plan.micro_batch != 0) {
@@ -188,6 +227,9 @@ Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInpu
       why.push_back("throughput: doubling beyond " + std::to_string(cap) + " gained < 5%");
     }
     plan.micro_batch = largest_divisor_at_most(per_rank, cap);
+    if (!nothing_fits(mem) && plan.micro_batch * 2 < cap) {
+      poor_split = poor_split_warning(per_rank, cap, plan.micro_batch, plan.world_size);
+    }
     if (nothing_fits(mem)) {
       plan.micro_batch = 1;
       micro_reason = "the smallest micro-batch";
@@ -204,6 +246,7 @@ Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInpu
   } else if (mem.max_micro_batch > 0 || mem.per_sample_bytes > 0) {
     micro_reason += "; " + describe_memory(mem);
   }
+  if (!poor_split.empty()) micro_reason += "; " + poor_split;
   plan.accum_steps = per_rank / plan.micro_batch;
   decide("micro_batch", std::to_string(plan.micro_batch), micro_reason);
   decide("accum_steps", std::to_string(plan.accum_steps),
@@ -273,7 +316,12 @@ Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInpu
   // ---- cuDNN / memory format ----
   plan.cudnn_benchmark = device.is_cuda() && inputs.static_shapes;
   decide("cudnn_benchmark", plan.cudnn_benchmark ? "on" : "off",
-         !device.is_cuda() ? "CPU run" : inputs.static_shapes ? "input shapes are static" : "input shapes vary");
+         !device.is_cuda()     ? "CPU run"
+         : inputs.static_shapes ? "input shapes are static"
+                                : "input shapes vary from batch to batch" +
+                                      (inputs.varying_shapes.empty() ? std::string()
+                                                                     : " (" + inputs.varying_shapes + ")") +
+                                      ": benchmark mode would search for algorithms again at every new shape");
   const std::string& cl = config.precision.channels_last;
   if (cl == "on" || cl == "off") {
     plan.channels_last = cl == "on";
@@ -369,6 +417,40 @@ void finalize_schedule(Plan& plan, const Config& config, int64_t train_samples) 
                                                                               : "; trainer.epochs " +
                                                                                     std::to_string(config.trainer.epochs))});
   plan.decisions.push_back({"warmup_steps", std::to_string(plan.warmup_steps), warmup_reason});
+  plan.schedule_known = true;
+}
+
+void defer_schedule(Plan& plan, const Config& config) {
+  const std::string later = "resolved when the data is read";
+  const std::string epochs = std::to_string(config.trainer.epochs) + " epochs";
+  if (config.trainer.max_steps > 0 && config.trainer.epochs == 0) {
+    plan.decisions.push_back({"total_steps", std::to_string(config.trainer.max_steps), "trainer.max_steps"});
+  } else if (config.trainer.max_steps > 0) {
+    plan.decisions.push_back({"total_steps", "<= " + std::to_string(config.trainer.max_steps),
+                              "trainer.max_steps, or trainer.epochs " + std::to_string(config.trainer.epochs) +
+                                  " if they end first; " + later});
+  } else {
+    plan.decisions.push_back({"total_steps", epochs, "trainer.epochs; the steps per epoch are " + later});
+  }
+  const ScheduleConfig& s = config.schedule;
+  std::string value, reason;
+  if (s.warmup_epochs > 0) {
+    value = (s.warmup_steps > 0 ? std::to_string(s.warmup_steps) + " steps + " : std::string()) +
+            num(s.warmup_epochs) + " epochs";
+    reason = "schedule.warmup_steps + warmup_epochs x steps/epoch; " + later;
+  } else if (s.warmup_steps > 0) {
+    value = std::to_string(s.warmup_steps);
+    reason = "schedule.warmup_steps (fewer if the run is shorter); " + later;
+  } else if (plan.lr_scale > 1.0) {
+    value = "min(5 epochs, 10%)";
+    reason = "lr scaled x" + num(plan.lr_scale) + " with no warmup configured: min(5 epochs, 10% of training); " +
+             later;
+  } else {
+    value = "0";
+    reason = "no warmup configured (schedule.warmup_steps, warmup_epochs)";
+  }
+  plan.decisions.push_back({"warmup_steps", value, reason});
+  plan.schedule_known = false;
 }
 
 std::string Plan::to_text() const {
@@ -396,10 +478,15 @@ std::string Plan::to_json() const {
       .add("world_size", world_size)
       .add("lr", lr)
       .add("lr_scale", lr_scale)
-      .add("scaled_batch", scaled_batch)
-      .add("warmup_steps", warmup_steps)
-      .add("steps_per_epoch", steps_per_epoch)
-      .add("total_steps", total_steps)
+      .add("scaled_batch", scaled_batch);
+  // Unknown until the data is read: null (a non-finite double), never a misleading 0.
+  const double unknown = std::numeric_limits<double>::quiet_NaN();
+  if (schedule_known) {
+    r.add("warmup_steps", warmup_steps).add("steps_per_epoch", steps_per_epoch).add("total_steps", total_steps);
+  } else {
+    r.add("warmup_steps", unknown).add("steps_per_epoch", unknown).add("total_steps", unknown);
+  }
+  r.add("warmup_epochs", warmup_epochs)
       .add("precision", precision)
       .add("loss_scaling", loss_scaling)
       .add("tf32", tf32)

@@ -377,10 +377,15 @@ RunParts prepare_run(const Config& config, const RunOptions& options) {
   PlanInputs inputs;
   inputs.world_size = world_size;
   inputs.rank = env.rank;
-  inputs.local_world_size = options.plan_world_size > 0 ? 1 : env.local_world_size;
+  // `train plan --world-size N` plans N ranks on one host unless --local-world-size says fewer
+  // share it (several hosts): threads and workers divide this host's cores among them.
+  inputs.local_world_size = options.plan_world_size == 0         ? env.local_world_size
+                            : options.plan_local_world_size > 0 ? options.plan_local_world_size
+                                                                : options.plan_world_size;
   inputs.model_params = models::count_parameters(*r.model);
   inputs.convolutional = r.model->is_convolutional();
-  inputs.static_shapes = true;
+  inputs.static_shapes = !r.train || r.train->static_shapes();
+  if (!inputs.static_shapes) inputs.varying_shapes = r.train->describe();
   // Precision and layout decide what the probe measures; the probe then bounds the micro-batch.
   const Plan draft = make_plan(config, r.device, inputs);
   apply_plan_globals(draft);  // the probe measures under the run's threads and cuDNN settings
@@ -408,7 +413,15 @@ RunParts prepare_run(const Config& config, const RunOptions& options) {
       }
     };
   }
-  if (r.train) finalize_schedule(r.plan, config, r.train->size());
+  if (r.train) {
+    finalize_schedule(r.plan, config, r.train->size());
+  } else {
+    defer_schedule(r.plan, config);
+  }
+  for (const PlanDecision& d : r.plan.decisions) {
+    const auto at = d.reason.find("WARNING: ");
+    if (at != std::string::npos) log::warn("plan: " + d.name + " " + d.value + ": " + d.reason.substr(at + 9));
+  }
   return r;
 }
 

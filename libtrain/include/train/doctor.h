@@ -21,7 +21,11 @@ std::string doctor_text(const std::vector<DoctorCheck>& checks);
 std::string doctor_json(const std::vector<DoctorCheck>& checks);
 // The driver against the CUDA runtime (CUDA's encoding: 12040 is 12.4): fail when the driver's
 // major version is older, warn when only its minor version is (minor version compatibility).
-DoctorCheck cuda_driver_check(int driver, int runtime);
+// `driver_version`: the driver's own version ("580.95.05", nvidia_driver_version), "" if unknown.
+DoctorCheck cuda_driver_check(int driver, int runtime, const std::string& driver_version = "");
+// The NVIDIA driver's version from the text of /proc/driver/nvidia/version ("NVRM version: NVIDIA
+// UNIX x86_64 Kernel Module  535.104.05  ..."); "" when the text has none.
+std::string nvidia_driver_version(const std::string& proc_version_text);
 // Hint for a CUDA failure message; empty when the message is not a known one.
 std::string cuda_failure_hint(const std::string& message);
 
@@ -43,10 +47,14 @@ NvidiaPresence nvidia_presence(const std::string& pci_devices = "/sys/bus/pci/de
 // (the GPU was meant to be usable here); a GPU on the host that this container was not given is
 // info, a GPU without a driver installed warn.
 DoctorCheck no_driver_check(const NvidiaPresence& hw, bool libcuda_loadable);
-// The gpus line for `visible` CUDA devices. CUDA_VISIBLE_DEVICES (nullptr when unset) is blamed
-// only when the driver loaded and the value hides every GPU: empty, negative ("-1"), or a first
-// index that does not exist (the GPUs counted from /dev/nvidiaN, else the PCI bus).
-DoctorCheck gpus_check(int visible, bool driver_loaded, const NvidiaPresence& hw, const char* cuda_visible_devices);
+// What the cuda_driver line found: no driver (no_driver_check), a driver that cannot run this CUDA
+// runtime (cuda_driver_check failed: an older major version), or a usable one.
+enum class DriverState { missing, unusable, usable };
+// The gpus line for `visible` CUDA devices. Without a usable driver it defers to the cuda_driver
+// line. CUDA_VISIBLE_DEVICES (nullptr when unset) is blamed only when the driver is usable and the
+// value hides every GPU: empty, negative ("-1"), or a first index that does not exist (the GPUs
+// counted from /dev/nvidiaN, else the PCI bus).
+DoctorCheck gpus_check(int visible, DriverState driver, const NvidiaPresence& hw, const char* cuda_visible_devices);
 // Whether this LibTorch (its architecture list, cuda_arch_list()) has kernels for a GPU of compute
 // capability major.minor: ok with machine code, warn with PTX only, fail with neither.
 DoctorCheck kernels_check(const std::string& name, int cc_major, int cc_minor, const std::vector<std::string>& arch_list);

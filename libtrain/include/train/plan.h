@@ -43,9 +43,14 @@ struct Plan {
   double lr = 0.0;               // peak LR after any scaling
   double lr_scale = 1.0;         // lr / optim.lr
   bool scaled_batch = false;     // tuning.batch: scale grew the global batch
-  int64_t warmup_steps = 0;      // resolved once the epoch length is known (see finalize_schedule)
+  // Resolved once the epoch length is known (finalize_schedule sets schedule_known). A plan made
+  // without the data (train plan for data on another machine) leaves them 0, says so in its text
+  // and writes null for them in its JSON, with warmup_epochs.
+  int64_t warmup_steps = 0;
   int64_t steps_per_epoch = 0;
   int64_t total_steps = 0;
+  bool schedule_known = false;
+  double warmup_epochs = 0.0;    // schedule.warmup_epochs
   std::string precision = "fp32";  // fp32 | bf16 | fp16 (the autocast dtype)
   bool loss_scaling = false;       // dynamic loss scaling (GradScaler)
   bool tf32 = false;
@@ -73,7 +78,8 @@ struct PlanInputs {
   int64_t local_world_size = 1;  // ranks sharing this host's cores
   int64_t model_params = 0;
   bool convolutional = false;    // conv nets: channels_last and cudnn.benchmark candidates
-  bool static_shapes = true;     // every batch has the same input shape
+  bool static_shapes = true;     // every batch has the same input shape (data::Dataset::static_shapes)
+  std::string varying_shapes;    // when not: the data whose shapes vary, for the reason
   MemoryEvidence memory;
 };
 
@@ -93,5 +99,9 @@ Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInpu
 
 // Fills steps_per_epoch, total_steps and warmup_steps once the training set size is known.
 void finalize_schedule(Plan& plan, const Config& config, int64_t train_samples);
+// Without the training set: adds the total_steps and warmup_steps decisions as far as the config
+// tells them ("90 epochs", "5 epochs"), each resolved when the data is read; schedule_known stays
+// false.
+void defer_schedule(Plan& plan, const Config& config);
 
 }  // namespace train

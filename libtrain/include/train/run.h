@@ -33,6 +33,9 @@ struct RunOptions {
   dist::Env env;
   // Plan for this many ranks without joining a group (`train plan --world-size N`); 0 = env's.
   int64_t plan_world_size = 0;
+  // With plan_world_size: how many of those ranks share this host's cores, which sets the threads
+  // and loader workers per rank (`train plan --local-world-size M`); 0 = all of them (one host).
+  int64_t plan_local_world_size = 0;
   // Plan even when the data is not on this machine (`train plan`): the input shape then comes
   // from the config (model.in_channels x data.image_size^2), train/val stay null and the
   // schedule length is known only from trainer.max_steps.

@@ -57,6 +57,10 @@ class Dataset {
   // Token datasets: the id that pads samples, which the model must mask out of attention; -1 for
   // data without padding.
   virtual int64_t pad_id() const { return -1; }
+  // Whether every batch has the same input shape. False for data whose collate() pads each batch
+  // only to its own longest sequence: the plan then leaves cuDNN's benchmark mode off, which would
+  // search for algorithms again at every new shape.
+  virtual bool static_shapes() const { return true; }
 };
 
 using DatasetPtr = std::shared_ptr<const Dataset>;

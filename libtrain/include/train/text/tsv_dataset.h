@@ -40,6 +40,7 @@ class TsvDataset : public data::Dataset {
   std::string describe() const override;
   int64_t vocab_size() const override { return options_.tokenizer->vocab().size(); }
   int64_t pad_id() const override { return options_.tokenizer->pad_id(); }
+  bool static_shapes() const override { return false; }  // dynamic padding: [B, longest] varies
 
   const std::vector<std::string>& classes() const { return options_.classes; }
   const std::vector<int64_t>& labels() const { return labels_; }
