@@ -226,9 +226,9 @@ TEST_CASE("non-finite loss, on_nonfinite stop: exit 1 naming the step and the fi
   poison(1000, 1000);
   const OomRun two = run_limited(config_for("poisoned_mlp", {"trainer.max_steps=2"}), 0);
 
-  poison(3, 3);  // the third step's forward
   torch::manual_seed(0);
   RunParts run = prepare_run(config);
+  poison(3, 3);  // the third step's forward
   Trainer trainer(config, run.plan, run.model, run.train, nullptr, "");
   try {
     trainer.fit();
@@ -248,9 +248,9 @@ TEST_CASE("non-finite loss, on_nonfinite rollback: back to the newest checkpoint
   const std::string dir = temp_dir("rollback");
   const Config config = config_for("poisoned_mlp", {"trainer.max_steps=6", "checkpoint.every_steps=2",
                                                     "trainer.on_nonfinite=rollback", "logging.every_steps=1"});
-  poison(4, 4);  // step 4; the newest checkpoint is step 2
   torch::manual_seed(0);
   RunParts run = prepare_run(config);
+  poison(4, 4);  // step 4; the newest checkpoint is step 2
   {
     Trainer trainer(config, run.plan, run.model, run.train, nullptr, dir);
     const FitResult r = trainer.fit();
@@ -287,18 +287,18 @@ TEST_CASE("non-finite loss, on_nonfinite rollback: back to the newest checkpoint
     const std::string dir2 = temp_dir("rollback_max");
     const Config stubborn = config_for("poisoned_mlp", {"trainer.max_steps=6", "checkpoint.every_steps=1",
                                                         "trainer.on_nonfinite=rollback", "trainer.max_rollbacks=2"});
-    poison(3, 1000);
     torch::manual_seed(0);
     RunParts r2 = prepare_run(stubborn);
+    poison(3, 1000);  // after prepare_run: its memory probe runs forward passes too
     Trainer t2(stubborn, r2.plan, r2.model, r2.train, nullptr, dir2);
     CHECK_THROWS_WITH(t2.fit(), Catch::Contains("trainer.max_rollbacks (2) reached"));
     files::remove_all(dir2);
   }
   SECTION("without a checkpoint there is nothing to roll back to") {
     const Config nodir = config_for("poisoned_mlp", {"trainer.on_nonfinite=rollback"});
-    poison(2, 2);
     torch::manual_seed(0);
     RunParts r3 = prepare_run(nodir);
+    poison(2, 2);  // after prepare_run: its memory probe runs forward passes too
     Trainer t3(nodir, r3.plan, r3.model, r3.train, nullptr, "");
     CHECK_THROWS_WITH(t3.fit(), Catch::Contains("no checkpoint to roll back to"));
   }
@@ -323,10 +323,10 @@ TEST_CASE("on_nonfinite rollback to a checkpoint whose evaluation a stop put off
   }
   // Resumed: the put-off evaluation (forward 1), step 2 (forward 2, poisoned) rolls back to the
   // step-1 checkpoint, then steps 2 and 3 with their evaluations.
-  poison(2, 2);
   {
     torch::manual_seed(0);
     RunParts run = prepare_run(config);
+    poison(2, 2);  // after prepare_run: its memory probe runs forward passes too
     Trainer t(config, run.plan, run.model, run.train, run.val, dir);
     const FitResult r = t.fit("auto");
     CHECK(r.rollbacks == 1);
@@ -349,9 +349,9 @@ TEST_CASE("data.on_error skip: a sample in a step redone after a rollback counts
   const Config config = config_for("poisoned_mlp", {"trainer.max_steps=6", "checkpoint.every_steps=2",
                                                     "trainer.on_nonfinite=rollback", "data.on_error=skip",
                                                     "data.shuffle=false"});
-  poison(4, 4);  // step 4; back to the checkpoint of step 2, and step 3 (samples 64..95) is redone
   torch::manual_seed(0);
   RunParts run = prepare_run(config);
+  poison(4, 4);  // step 4; back to the checkpoint of step 2, and step 3 (samples 64..95) is redone
   {
     Trainer trainer(config, run.plan, run.model, std::make_shared<testing::BadSamples>(run.train, std::set<int64_t>{70}),
                     nullptr, dir);
