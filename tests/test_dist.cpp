@@ -542,7 +542,7 @@ TEST_CASE("wait_for_all: work one rank does alone may outlast distributed.timeou
   for (auto& t : ranks) t.join();
   CHECK(failure[0].empty());
   CHECK(after_wait[1] >= 2.4);  // it waited for rank 0, 2.5 s, well past the 1 s collective timeout
-  CHECK_THAT(failure[1], Catch::Contains("rank 1 of 2 waited") &&
+  CHECK_THAT(failure[1], Catch::Contains("rank 1 of 2 (gloo): waited") &&
                              Catch::Contains("to finish the checkpoint of step 2 (distributed.checkpoint_timeout_s = 1 s)"));
 }
 
@@ -1093,7 +1093,7 @@ TEST_CASE("a frozen rank 0 (its store too): the other rank still exits non-zero 
                            "optim: {name: sgd, lr: 0.05}\n"
                            "trainer: {global_batch: 16, max_steps: 1000000, device: cpu, threads: 1}\n"
                            "checkpoint: {every_steps: 50}\n"
-                           "distributed: {timeout_s: 5}\n"
+                           "distributed: {timeout_s: 5, checkpoint_timeout_s: 5}\n"
                            "logging: {every_steps: 50, tensorboard: false}\n";
   const std::string run_dir = files::join(dir, "run");
   // Started as a scheduler starts them (no `train launch`, whose launcher serves the store): rank 0

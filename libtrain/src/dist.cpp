@@ -459,30 +459,6 @@ void Group::barrier() {
   allreduce(t, ReduceOp::Sum);
 }
 
-void Group::wait_for_all(const std::string& what, double timeout_s, const std::string& setting) {
-  if (size() <= 1) return;
-  const std::string key = log::str("wait/", ++impl_->store_barriers);
-  const auto t0 = std::chrono::steady_clock::now();
-  try {
-    if (impl_->store->add(key, 1) == size()) impl_->store->set(key + "/all", std::vector<uint8_t>{1});
-    impl_->store->wait({key + "/all"}, millis(timeout_s));
-  } catch (const std::exception& e) {
-    const std::string reason = e.what();
-    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (waited < 0.9 * timeout_s) {
-      // Failed long before the limit: the store is gone (its launcher was killed, and the ranks are
-      // stopping after this checkpoint). The ranks still reach each other through the backend.
-      log::warn(log::str("distributed: the rendezvous store did not answer (", reason.substr(0, reason.find('\n')),
-                         "); waiting for ", what, " in a collective instead"));
-      barrier();
-      return;
-    }
-    throw Error(log::str("distributed: rank ", rank(), " of ", size(), " waited ", log::fixed(waited, 0),
-                         " s for every rank to finish ", what, " (", setting, " = ", timeout_s,
-                         " s); a rank has died or is still at it: ", reason.substr(0, reason.find('\n'))));
-  }
-}
-
 std::vector<std::pair<int64_t, int64_t>> Group::ranges(const std::vector<int64_t>& values) {
   std::vector<int64_t> both;  // max of v and of -v: the largest, and minus the smallest
   for (const int64_t v : values) both.insert(both.end(), {v, -v});
@@ -551,6 +527,40 @@ std::optional<T> within(double seconds, std::function<std::optional<T>()> work) 
 constexpr double kPostSeconds = 5.0;
 
 }  // namespace
+
+void Group::wait_for_all(const std::string& what, double timeout_s, const std::string& setting) {
+  if (size() <= 1) return;
+  const std::string key = log::str("wait/", ++impl_->store_barriers);
+  const auto t0 = std::chrono::steady_clock::now();
+  // A store whose server is frozen (SIGSTOP, a debugger) never answers: bounded by within().
+  auto failure = std::make_shared<std::string>();
+  const std::optional<bool> arrived =
+      within<bool>(timeout_s, [store = impl_->store, key, world = size(), timeout_s, failure]() -> std::optional<bool> {
+        try {
+          if (store->add(key, 1) == world) store->set(key + "/all", std::vector<uint8_t>{1});
+          store->wait({key + "/all"}, millis(timeout_s));
+          return true;
+        } catch (const std::exception& e) {
+          const std::string reason = e.what();
+          *failure = reason.substr(0, reason.find('\n'));
+          return std::nullopt;
+        }
+      });
+  if (arrived) return;
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (waited < 0.9 * timeout_s && !failure->empty()) {
+    // Failed long before the limit: the store is gone (its launcher was killed, and the ranks are
+    // stopping after this checkpoint). The ranks still reach each other through the backend.
+    log::warn(log::str("distributed: the rendezvous store did not answer (", *failure, "); waiting for ", what,
+                       " in a collective instead"));
+    barrier();
+    return;
+  }
+  throw Error(log::str("distributed: rank ", rank(), " of ", size(), " (", backend(), "): waited ",
+                       log::fixed(waited, 0), " s for every rank to finish ", what, " (", setting, " = ", timeout_s,
+                       " s); a rank has died, hung or is still at it",
+                       failure->empty() ? std::string() : ": " + *failure));
+}
 
 void Group::post_failure(int exit_code, bool bad_input, const std::string& message) noexcept {
   try {
