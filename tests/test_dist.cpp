@@ -284,6 +284,16 @@ std::vector<Proc> start_ranks(const std::string& dir, const std::string& config,
   return procs;
 }
 
+// Rank `rank` of `world` as a thread of this process (the test runs one thread per rank), on CPU.
+dist::GroupPtr thread_rank_group(int64_t rank, int64_t world, int port, const DistributedConfig& dc) {
+  dist::Env env;
+  env.rank = env.local_rank = rank;
+  env.world_size = env.local_world_size = world;
+  env.master_port = port;
+  env.launcher = "test";
+  return dist::Group::create(env, dc, "cpu");
+}
+
 std::vector<torch::Tensor> load_params(const std::string& path) {
   std::vector<torch::Tensor> params;
   torch::load(params, path);
@@ -471,12 +481,7 @@ TEST_CASE("GradSync: abandoning a step whose finish() failed launches each bucke
   for (int64_t r = 0; r < 2; ++r) {
     ranks[r] = std::thread([&, r] {
       try {
-        dist::Env env;
-        env.rank = env.local_rank = r;
-        env.world_size = env.local_world_size = 2;
-        env.master_port = port;
-        env.launcher = "test";
-        auto group = dist::Group::create(env, dc, "cpu");
+        auto group = thread_rank_group(r, 2, port, dc);
         torch::manual_seed(3);
         torch::nn::Sequential net(torch::nn::Linear(4, 4), torch::nn::Linear(4, 2));
         dist::GradSyncOptions options;
@@ -519,12 +524,7 @@ TEST_CASE("wait_for_all: work one rank does alone may outlast distributed.timeou
   for (int64_t r = 0; r < 2; ++r) {
     ranks[r] = std::thread([&, r] {
       try {
-        dist::Env env;
-        env.rank = env.local_rank = r;
-        env.world_size = env.local_world_size = 2;
-        env.master_port = port;
-        env.launcher = "test";
-        auto group = dist::Group::create(env, dc, "cpu");
+        auto group = thread_rank_group(r, 2, port, dc);
         if (r == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // "writing a checkpoint"
         group->wait_for_all("the checkpoint of step 1", 30, "distributed.checkpoint_timeout_s");
         after_wait[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -842,14 +842,7 @@ TEST_CASE("distributed evaluation: each rank masks a sample as one process does 
   // Evaluates `val` as rank `rank` of `world` (a single process when world is 1).
   auto evaluate = [&](const std::shared_ptr<RecordingDataset>& val, int64_t rank, int64_t world, int port) {
     dist::GroupPtr group;
-    if (world > 1) {
-      dist::Env env;
-      env.rank = env.local_rank = rank;
-      env.world_size = env.local_world_size = world;
-      env.master_port = port;
-      env.launcher = "test";
-      group = dist::Group::create(env, config.distributed, "cpu");
-    }
+    if (world > 1) group = thread_rank_group(rank, world, port, config.distributed);
     Plan plan = run.plan;
     plan.rank = rank;
     plan.world_size = world;
