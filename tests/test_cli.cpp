@@ -296,3 +296,21 @@ TEST_CASE("cli: plan without the data leaves the schedule unresolved, not 0", "[
   CHECK_THAT(out, Catch::Contains("5 epochs"));
   CHECK_THAT(out, Catch::Contains("resolved when the data is read"));
 }
+
+TEST_CASE("cli: on the CPU, a global batch beyond memory accumulates instead of one pass", "[cli][plan]") {
+  // ResNet-50 at 224 px needs about 80 MiB a sample on the CPU: 4096 samples, some 320 GiB, fit no
+  // machine this runs on. Fixed mode keeps the global batch and splits it.
+  TempDir tmp("plan_cpu_memory");
+  const std::string config = std::string(TRAIN_SOURCE_DIR) + "/configs/resnet50_imagenet.yaml";
+  const std::string out = output_of(STDOUT_FILENO, [&] {
+    CHECK(cli({"plan", config, "--json", "--set", "data.root=" + (tmp / "imagenet"), "--set",
+               "tuning.cache_dir=" + tmp.path, "--set", "trainer.global_batch=4096", "--set",
+               "tuning.base_batch=4096", "--set", "trainer.device=cpu"}) == train::kExitOk);
+  });
+  std::smatch micro, accum;
+  REQUIRE(std::regex_search(out, micro, std::regex("\"micro_batch\":([0-9]+)")));
+  REQUIRE(std::regex_search(out, accum, std::regex("\"accum_steps\":([0-9]+)")));
+  CHECK(std::stoll(micro[1]) < 4096);
+  CHECK(std::stoll(micro[1]) * std::stoll(accum[1]) == 4096);
+  CHECK_THAT(out, Catch::Contains("\"global_batch\":4096"));
+}
