@@ -102,6 +102,12 @@ std::string poor_split_warning(int64_t per_rank, int64_t cap, int64_t micro, int
                   split_text(above, cap, world), " (trainer.global_batch)");
 }
 
+// The warmup rules' reasons, said the same whether or not the epoch length is known yet.
+const char* const kWarmupReason = "schedule.warmup_steps + warmup_epochs x steps/epoch";
+std::string auto_warmup_reason(double lr_scale) {
+  return "lr scaled x" + num(lr_scale) + " with no warmup configured: min(5 epochs, 10% of training)";
+}
+
 }  // namespace
 
 MemoryEvidence with_current_budget(MemoryEvidence cached, int64_t budget_bytes) {
@@ -403,11 +409,11 @@ void finalize_schedule(Plan& plan, const Config& config, int64_t train_samples) 
   const double warmup = static_cast<double>(config.schedule.warmup_steps) +
                         std::round(config.schedule.warmup_epochs * static_cast<double>(plan.steps_per_epoch));
   plan.warmup_steps = warmup >= static_cast<double>(plan.total_steps) ? plan.total_steps : static_cast<int64_t>(warmup);
-  std::string warmup_reason = "schedule.warmup_steps + warmup_epochs x steps/epoch";
+  std::string warmup_reason = kWarmupReason;
   if (plan.lr_scale > 1.0 && plan.warmup_steps == 0) {
     // A scaled-up LR needs a gradual warmup (Goyal et al. 2017 use 5 epochs).
     plan.warmup_steps = std::min<int64_t>(5 * plan.steps_per_epoch, plan.total_steps / 10);
-    warmup_reason = "lr scaled x" + num(plan.lr_scale) + " with no warmup configured: min(5 epochs, 10% of training)";
+    warmup_reason = auto_warmup_reason(plan.lr_scale);
   }
   plan.warmup_steps = std::min(plan.warmup_steps, plan.total_steps);
   plan.decisions.push_back({"total_steps", std::to_string(plan.total_steps),
@@ -437,14 +443,13 @@ void defer_schedule(Plan& plan, const Config& config) {
   if (s.warmup_epochs > 0) {
     value = (s.warmup_steps > 0 ? std::to_string(s.warmup_steps) + " steps + " : std::string()) +
             num(s.warmup_epochs) + " epochs";
-    reason = "schedule.warmup_steps + warmup_epochs x steps/epoch; " + later;
+    reason = std::string(kWarmupReason) + "; " + later;
   } else if (s.warmup_steps > 0) {
     value = std::to_string(s.warmup_steps);
     reason = "schedule.warmup_steps (fewer if the run is shorter); " + later;
   } else if (plan.lr_scale > 1.0) {
     value = "min(5 epochs, 10%)";
-    reason = "lr scaled x" + num(plan.lr_scale) + " with no warmup configured: min(5 epochs, 10% of training); " +
-             later;
+    reason = auto_warmup_reason(plan.lr_scale) + "; " + later;
   } else {
     value = "0";
     reason = "no warmup configured (schedule.warmup_steps, warmup_epochs)";
