@@ -496,6 +496,27 @@ TEST_CASE("plan: without the data the schedule is unknown, not 0", "[plan]") {
   defer_schedule(q, c);
   CHECK_THAT(q.to_text(), Catch::Matches("[\\s\\S]*total_steps +1000 +trainer.max_steps\\n[\\s\\S]*"));
   CHECK_THAT(q.to_text(), Catch::Matches("[\\s\\S]*warmup_steps +100 +schedule.warmup_steps[\\s\\S]*"));
+  // trainer.max_steps alone fixes the run's length, and a warmup in steps with it: numbers in
+  // the JSON; the epoch length still needs the data.
+  CHECK(q.total_steps == 1000);
+  CHECK(q.warmup_steps == 100);
+  CHECK_FALSE(q.schedule_known);
+  CHECK_THAT(q.to_json(), Catch::Contains("\"total_steps\":1000"));
+  CHECK_THAT(q.to_json(), Catch::Contains("\"warmup_steps\":100"));
+  CHECK_THAT(q.to_json(), Catch::Contains("\"steps_per_epoch\":null"));
+  c.schedule.warmup_steps = 5000;  // longer than the run: capped, and said so
+  Plan capped = make_plan(c, cpu_profile(), {});
+  defer_schedule(capped, c);
+  CHECK_THAT(capped.to_json(), Catch::Contains("\"warmup_steps\":1000"));
+  CHECK_THAT(capped.to_text(), Catch::Contains("capped by the run's length"));
+  c.schedule.warmup_steps = 100;
+  // With epochs too, either may end the run first: unknown.
+  c.trainer.epochs = 3;
+  Plan both = make_plan(c, cpu_profile(), {});
+  defer_schedule(both, c);
+  CHECK_THAT(both.to_json(), Catch::Contains("\"total_steps\":null"));
+  CHECK_THAT(both.to_json(), Catch::Contains("\"warmup_steps\":null"));
+  c.trainer.epochs = 0;
 
   // Once the data is read, numbers.
   Plan r = make_plan(c, cpu_profile(), {});

@@ -429,7 +429,11 @@ void finalize_schedule(Plan& plan, const Config& config, int64_t train_samples) 
 void defer_schedule(Plan& plan, const Config& config) {
   const std::string later = "resolved when the data is read";
   const std::string epochs = std::to_string(config.trainer.epochs) + " epochs";
-  if (config.trainer.max_steps > 0 && config.trainer.epochs == 0) {
+  // Known without the data only when trainer.max_steps alone bounds the run.
+  plan.total_steps = config.trainer.epochs == 0 ? config.trainer.max_steps : 0;
+  plan.warmup_steps = -1;
+  plan.steps_per_epoch = 0;
+  if (plan.total_steps > 0) {
     plan.decisions.push_back({"total_steps", std::to_string(config.trainer.max_steps), "trainer.max_steps"});
   } else if (config.trainer.max_steps > 0) {
     plan.decisions.push_back({"total_steps", "<= " + std::to_string(config.trainer.max_steps),
@@ -444,6 +448,11 @@ void defer_schedule(Plan& plan, const Config& config) {
     value = (s.warmup_steps > 0 ? std::to_string(s.warmup_steps) + " steps + " : std::string()) +
             num(s.warmup_epochs) + " epochs";
     reason = std::string(kWarmupReason) + "; " + later;
+  } else if (s.warmup_steps > 0 && plan.total_steps > 0) {
+    plan.warmup_steps = std::min(s.warmup_steps, plan.total_steps);
+    value = std::to_string(plan.warmup_steps);
+    reason = plan.warmup_steps < s.warmup_steps ? "schedule.warmup_steps, capped by the run's length"
+                                                : "schedule.warmup_steps";
   } else if (s.warmup_steps > 0) {
     value = std::to_string(s.warmup_steps);
     reason = "schedule.warmup_steps (fewer if the run is shorter); " + later;
@@ -451,6 +460,7 @@ void defer_schedule(Plan& plan, const Config& config) {
     value = "min(5 epochs, 10%)";
     reason = auto_warmup_reason(plan.lr_scale) + "; " + later;
   } else {
+    plan.warmup_steps = 0;
     value = "0";
     reason = "no warmup configured (schedule.warmup_steps, warmup_epochs)";
   }
@@ -486,11 +496,16 @@ std::string Plan::to_json() const {
       .add("scaled_batch", scaled_batch);
   // Unknown until the data is read: null (a non-finite double), never a misleading 0.
   const double unknown = std::numeric_limits<double>::quiet_NaN();
-  if (schedule_known) {
-    r.add("warmup_steps", warmup_steps).add("steps_per_epoch", steps_per_epoch).add("total_steps", total_steps);
-  } else {
-    r.add("warmup_steps", unknown).add("steps_per_epoch", unknown).add("total_steps", unknown);
-  }
+  const auto add_count = [&](const char* key, int64_t v, bool is_known) {
+    if (is_known) {
+      r.add(key, v);
+    } else {
+      r.add(key, unknown);
+    }
+  };
+  add_count("warmup_steps", warmup_steps, schedule_known || warmup_steps >= 0);
+  add_count("steps_per_epoch", steps_per_epoch, schedule_known);
+  add_count("total_steps", total_steps, schedule_known || total_steps > 0);
   r.add("warmup_epochs", warmup_epochs)
       .add("precision", precision)
       .add("loss_scaling", loss_scaling)

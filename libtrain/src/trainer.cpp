@@ -618,7 +618,7 @@ Trainer::Trainer(Config config, Plan plan, models::ModelPtr model, data::Dataset
     }
     s.group = std::move(group);
   }
-  if (s.plan.total_steps <= 0) finalize_schedule(s.plan, s.config, s.train_set->size());
+  if (!s.plan.schedule_known) finalize_schedule(s.plan, s.config, s.train_set->size());
   s.device = torch::Device(s.plan.device.device_string());
   s.model->to(s.device);
   if (s.plan.channels_last) to_channels_last(*s.model);

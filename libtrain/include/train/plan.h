@@ -44,8 +44,9 @@ struct Plan {
   double lr_scale = 1.0;         // lr / optim.lr
   bool scaled_batch = false;     // tuning.batch: scale grew the global batch
   // Resolved once the epoch length is known (finalize_schedule sets schedule_known). A plan made
-  // without the data (train plan for data on another machine) leaves them 0, says so in its text
-  // and writes null for them in its JSON, with warmup_epochs.
+  // without the data (train plan for data on another machine) says so in its text and writes null
+  // in its JSON for what stays unknown (steps_per_epoch 0, total_steps 0, warmup_steps -1): only
+  // trainer.max_steps without trainer.epochs fixes total_steps, and a warmup in steps then too.
   int64_t warmup_steps = 0;
   int64_t steps_per_epoch = 0;
   int64_t total_steps = 0;
