@@ -404,7 +404,7 @@ TEST_CASE("the BLAS LibTorch calls on CPU is an optimized one, and reported", "[
 TEST_CASE("plan: a per-rank batch without a divisor near the cap warns and names batches that split well", "[plan]") {
   auto micro_reason = [](const Plan& p) {
     for (const auto& d : p.decisions) {
-      if (d.name == "micro_batch") return d.reason;
+      if (d.name == "micro_batch") return d.text();
     }
     return std::string();
   };
@@ -418,6 +418,20 @@ TEST_CASE("plan: a per-rank batch without a divisor near the cap warns and names
     CHECK_THAT(micro_reason(p), Catch::Contains("WARNING: the per-rank batch 331 has no divisor from 64 to 128, so "
                                                 "each step runs 331 passes of micro-batch 1"));
     CHECK_THAT(micro_reason(p), Catch::Contains("330 (micro-batch 110 x accum 3) and 332 (micro-batch 83 x accum 4)"));
+    // A warning of its own, not text inside the reason: the JSON carries it as one, and only the
+    // decision it belongs to has one.
+    size_t with_warnings = 0;
+    for (const auto& d : p.decisions) {
+      if (d.warnings.empty()) continue;
+      ++with_warnings;
+      CHECK(d.name == "micro_batch");
+      REQUIRE(d.warnings.size() == 1);
+      CHECK_THAT(d.warnings[0], Catch::StartsWith("the per-rank batch 331 has no divisor"));
+      CHECK_THAT(d.reason, !Catch::Contains("WARNING"));
+    }
+    CHECK(with_warnings == 1);
+    CHECK_THAT(p.to_json(), Catch::Contains("\"warnings\":[\"the per-rank batch 331 has no divisor"));
+    CHECK(p.to_json().find("\"warnings\"") == p.to_json().rfind("\"warnings\""));
   }
   SECTION("514 = 2 x 257 under a cap of 256: micro-batch 2") {
     Config c = base_config(514);

@@ -51,7 +51,7 @@ std::string describe_memory(const MemoryEvidence& m) {
 bool nothing_fits(const MemoryEvidence& m) { return m.budget_bytes > 0 && m.max_micro_batch == 0; }
 
 std::string nothing_fits_warning(const MemoryEvidence& m) {
-  return "WARNING: not even one sample fits the memory budget, expect out-of-memory; use a smaller model, input or "
+  return "not even one sample fits the memory budget, expect out-of-memory; use a smaller model, input or "
          "precision, or raise tuning.memory_fraction (" + describe_memory(m) + ")";
 }
 
@@ -96,7 +96,7 @@ std::string split_text(int64_t per_rank, int64_t cap, int64_t world) {
 // configured: changing it would change the optimisation.
 std::string poor_split_warning(int64_t per_rank, int64_t cap, int64_t micro, int64_t world) {
   const auto [below, above] = nearest_splittable(per_rank, cap);
-  return log::str("WARNING: the per-rank batch ", per_rank, " has no divisor from ", (cap + 1) / 2, " to ", cap,
+  return log::str("the per-rank batch ", per_rank, " has no divisor from ", (cap + 1) / 2, " to ", cap,
                   ", so each step runs ", per_rank / micro, " passes of micro-batch ", micro,
                   " (slow); the nearest global batches that split well are ", split_text(below, cap, world), " and ",
                   split_text(above, cap, world), " (trainer.global_batch)");
@@ -143,8 +143,9 @@ Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInpu
   plan.model_params = inputs.model_params;
   plan.global_batch = config.trainer.global_batch;
   plan.warmup_epochs = config.schedule.warmup_epochs;
-  auto decide = [&plan](const std::string& name, const std::string& value, const std::string& reason) {
-    plan.decisions.push_back({name, value, reason});
+  auto decide = [&plan](const std::string& name, const std::string& value, const std::string& reason,
+                        std::vector<std::string> warnings = {}) {
+    plan.decisions.push_back({name, value, reason, std::move(warnings)});
   };
   decide("device", device.device_string(), device.summary());
 
@@ -204,7 +205,7 @@ Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInpu
   }
   const int64_t per_rank = plan.global_batch / plan.world_size;
   std::string micro_reason;
-  std::string poor_split;  // a warning when the per-rank batch has no divisor near the cap
+  std::vector<std::string> micro_warnings;
   if (config.tuning.micro_batch > 0) {
     plan.micro_batch = config.tuning.micro_batch;
     if (per_rank % plan.micro_batch != 0) {
@@ -215,7 +216,7 @@ Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInpu
     }
     micro_reason = "set by tuning.micro_batch";
     if (mem.max_micro_batch > 0 && plan.micro_batch > mem.max_micro_batch) {
-      micro_reason += "; WARNING: the memory model predicts at most " + std::to_string(mem.max_micro_batch);
+      micro_warnings.push_back("the memory model predicts at most " + std::to_string(mem.max_micro_batch));
     }
   } else {
     int64_t cap = per_rank;
@@ -234,7 +235,7 @@ Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInpu
     }
     plan.micro_batch = largest_divisor_at_most(per_rank, cap);
     if (!nothing_fits(mem) && plan.micro_batch * 2 < cap) {
-      poor_split = poor_split_warning(per_rank, cap, plan.micro_batch, plan.world_size);
+      micro_warnings.push_back(poor_split_warning(per_rank, cap, plan.micro_batch, plan.world_size));
     }
     if (nothing_fits(mem)) {
       plan.micro_batch = 1;
@@ -248,13 +249,12 @@ Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInpu
     }
   }
   if (nothing_fits(mem)) {
-    micro_reason += "; " + nothing_fits_warning(mem);
+    micro_warnings.push_back(nothing_fits_warning(mem));
   } else if (mem.max_micro_batch > 0 || mem.per_sample_bytes > 0) {
     micro_reason += "; " + describe_memory(mem);
   }
-  if (!poor_split.empty()) micro_reason += "; " + poor_split;
   plan.accum_steps = per_rank / plan.micro_batch;
-  decide("micro_batch", std::to_string(plan.micro_batch), micro_reason);
+  decide("micro_batch", std::to_string(plan.micro_batch), micro_reason, std::move(micro_warnings));
   decide("accum_steps", std::to_string(plan.accum_steps),
          std::to_string(plan.micro_batch) + " x " + std::to_string(plan.accum_steps) + " x world " +
              std::to_string(plan.world_size) + " = global " + std::to_string(plan.global_batch));
@@ -289,6 +289,7 @@ Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInpu
     throw ConfigError("key 'precision.mode': fp16 autocast is for GPUs; on a CPU use bf16 or fp32");
   }
   std::string precision_reason;
+  std::vector<std::string> precision_warnings;
   if (mode == "fp32" || mode == "bf16" || mode == "fp16") {
     plan.precision = mode;
     precision_reason = "precision.mode";
@@ -311,13 +312,14 @@ Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInpu
     precision_reason += plan.precision == "fp16" ? " + dynamic loss scaling (fp16 gradients underflow without it)"
                                                  : " + dynamic loss scaling (precision.loss_scaling)";
   } else if (plan.precision == "fp16") {
-    precision_reason += "; WARNING: loss scaling off (precision.loss_scaling), small gradients may underflow";
+    precision_warnings.push_back("loss scaling off (precision.loss_scaling), small gradients may underflow");
   }
   plan.tf32 = device.is_cuda() && device.tf32;
   decide("precision", plan.precision + (plan.tf32 ? " + TF32" : ""),
          precision_reason + (device.is_cuda() ? (plan.tf32 ? "; TF32 for remaining fp32 matmuls/convs"
                                                            : "; no TF32 below compute capability 8.0")
-                                              : ""));
+                                              : ""),
+         std::move(precision_warnings));
 
   // ---- cuDNN / memory format ----
   plan.cudnn_benchmark = device.is_cuda() && inputs.static_shapes;
@@ -468,6 +470,12 @@ void defer_schedule(Plan& plan, const Config& config) {
   plan.schedule_known = false;
 }
 
+std::string PlanDecision::text() const {
+  std::string s = reason;
+  for (const std::string& w : warnings) s += (s.empty() ? "WARNING: " : "; WARNING: ") + w;
+  return s;
+}
+
 std::string Plan::to_text() const {
   size_t name_w = 0, value_w = 0;
   for (const auto& d : decisions) {
@@ -478,7 +486,7 @@ std::string Plan::to_text() const {
   out << "plan:\n";
   for (const auto& d : decisions) {
     out << "  " << d.name << std::string(name_w - d.name.size() + 2, ' ') << d.value
-        << std::string(value_w - d.value.size() + 2, ' ') << d.reason << '\n';
+        << std::string(value_w - d.value.size() + 2, ' ') << d.text() << '\n';
   }
   return out.str();
 }
@@ -533,7 +541,15 @@ std::string Plan::to_json() const {
   json += ",\"decisions\":[";
   for (size_t i = 0; i < decisions.size(); ++i) {
     json += (i ? "," : "") + std::string("{\"name\":") + json_quote(decisions[i].name) +
-            ",\"value\":" + json_quote(decisions[i].value) + ",\"reason\":" + json_quote(decisions[i].reason) + "}";
+            ",\"value\":" + json_quote(decisions[i].value) + ",\"reason\":" + json_quote(decisions[i].reason);
+    if (!decisions[i].warnings.empty()) {
+      json += ",\"warnings\":[";
+      for (size_t w = 0; w < decisions[i].warnings.size(); ++w) {
+        json += (w ? "," : "") + json_quote(decisions[i].warnings[w]);
+      }
+      json += "]";
+    }
+    json += "}";
   }
   return json + "]}";
 }

@@ -419,8 +419,7 @@ RunParts prepare_run(const Config& config, const RunOptions& options) {
     defer_schedule(r.plan, config);
   }
   for (const PlanDecision& d : r.plan.decisions) {
-    const auto at = d.reason.find("WARNING: ");
-    if (at != std::string::npos) log::warn("plan: " + d.name + " " + d.value + ": " + d.reason.substr(at + 9));
+    for (const std::string& w : d.warnings) log::warn("plan: " + d.name + " " + d.value + ": " + w);
   }
   return r;
 }

@@ -18,6 +18,12 @@ struct PlanDecision {
   std::string name;    // "micro_batch"
   std::string value;   // "64"
   std::string reason;  // "global 256 / world 1 = 256 per rank; capped at tuning.max_micro_batch 64 -> accum 4"
+  // What the user should act on ("the per-rank batch 331 has no divisor from 64 to 128, ..."):
+  // printed after the reason as "; WARNING: ...", logged as warnings at the start of a run, and
+  // a "warnings" array in the plan's JSON.
+  std::vector<std::string> warnings;
+  // The reason followed by the warnings, as the plan's table shows it.
+  std::string text() const;
 };
 
 // What was measured (or estimated) about memory and speed, which bounds the micro-batch.
