@@ -16,6 +16,7 @@ worker count, the ratios, and the ceiling: single-core TurboJPEG decode rate x c
 """
 import argparse
 import json
+import multiprocessing
 import os
 import platform
 import statistics
@@ -28,20 +29,31 @@ import numpy as np
 from PIL import Image
 
 
+def _write_image(job):
+    path, index, width, height = job
+    # One generator per image, seeded by its index: the folder is the same however many
+    # processes write it.
+    rng = np.random.default_rng([0, index])
+    yy, xx = np.mgrid[0:height, 0:width]
+    base = np.stack([np.sin(xx / rng.uniform(20, 80) + rng.uniform(0, 6)) * 80 + 128,
+                     np.cos(yy / rng.uniform(20, 80) + rng.uniform(0, 6)) * 80 + 128,
+                     (xx + yy) / (width + height) * 255], axis=-1)
+    img = np.clip(base + rng.normal(0, 12, base.shape), 0, 255).astype(np.uint8)
+    Image.fromarray(img).save(path, quality=90)
+
+
 def make_dataset(root: Path, images: int, classes: int, width: int, height: int) -> Path:
+    """Writes the folder once, on every core (about 20 ms per image and core)."""
     train = root / "train"
     if train.is_dir() and sum(1 for _ in train.rglob("*.jpg")) == images:
         return train
-    rng = np.random.default_rng(0)
-    yy, xx = np.mgrid[0:height, 0:width]
+    jobs = []
     for i in range(images):
         c = train / f"class{i % classes:02d}"
         c.mkdir(parents=True, exist_ok=True)
-        base = np.stack([np.sin(xx / rng.uniform(20, 80) + rng.uniform(0, 6)) * 80 + 128,
-                         np.cos(yy / rng.uniform(20, 80) + rng.uniform(0, 6)) * 80 + 128,
-                         (xx + yy) / (width + height) * 255], axis=-1)
-        img = np.clip(base + rng.normal(0, 12, base.shape), 0, 255).astype(np.uint8)
-        Image.fromarray(img).save(c / f"{i:05d}.jpg", quality=90)
+        jobs.append((c / f"{i:05d}.jpg", i, width, height))
+    with multiprocessing.Pool(len(os.sched_getaffinity(0))) as pool:
+        pool.map(_write_image, jobs, chunksize=16)
     return train
 
 

@@ -361,7 +361,7 @@ TEST_CASE("BERT MLM loss falls on a short run", "[bert]") {
   CHECK(last < first - 2.0);  // and clearly falling (transformers' BertForMaskedLM, 4 seeds: 4.6 -> 0.2-0.3)
 }
 
-TEST_CASE("MiniLM hidden states match transformers' BertModel within 1e-4", "[bert][oracle]") {
+TEST_CASE("MiniLM hidden states match transformers' BertModel within 1e-4", "[bert][oracle][minilm]") {
   const std::string dir = train::files::make_temp_directory("bert_oracle");
   REQUIRE(train::testing::run_python("bert_oracle.py", dir) == 0);
   std::string model_path;

@@ -166,7 +166,7 @@ TEST_CASE("vocab builder learns WordPiece merges that cover its corpus", "[token
   train::files::remove_all(dir);
 }
 
-TEST_CASE("tokenizer ids equal Hugging Face's BertWordPieceTokenizer on MiniLM's vocab", "[tokenizer][oracle]") {
+TEST_CASE("tokenizer ids equal Hugging Face's BertWordPieceTokenizer on MiniLM's vocab", "[tokenizer][oracle][minilm]") {
   const std::string dir = train::files::make_temp_directory("tokenizer_oracle");
   REQUIRE(train::testing::run_python("tokenizer_oracle.py", dir) == 0);
   const WordPieceTokenizer tok = WordPieceTokenizer::from_file(dir + "/vocab.txt");
