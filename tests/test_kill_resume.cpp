@@ -411,3 +411,48 @@ TEST_CASE("temporary files left by killed writes are removed when a run starts i
   CHECK(files::exists(checkpoint_path(ckpts, 2)));
   files::remove_all(dir);
 }
+
+// examples/resnet/main.cpp trains through fit_in_run_dir, as train fit does: its run directory is
+// locked against a second run, and a stop signal ends it with a checkpoint (exit 3) that the next
+// run continues from. Before, a program built on the library got neither: two runs wrote one
+// metrics.jsonl, and SIGTERM killed the example without a checkpoint (exit 143).
+TEST_CASE("resnet_example: a second run on its run directory is refused, and SIGTERM stops with a checkpoint",
+          "[resume][process][signals][library_use]") {
+  const std::string example = std::string(TRAIN_BINARY_DIR) + "/bin/resnet_example";
+  if (!files::is_regular_file(example)) FAIL(example + " is missing (TRAIN_BUILD_EXAMPLES=OFF?)");
+  const std::string dir = files::make_temp_directory("train_example_signals_");
+  const std::string config_path = files::join(dir, "run.yaml");
+  std::ofstream(config_path) << kStopConfig;
+  const std::string run_dir = files::join(dir, "run"), log = files::join(dir, "first.log");
+  // Long enough that the second run's start-up cannot outlast it; the resumed run ends sooner.
+  const pid_t pid = spawn_logged(example, {config_path, "--run-dir", run_dir, "--set", "trainer.max_steps=5000"}, log);
+  REQUIRE(wait_for_text(files::join(run_dir, "metrics.jsonl"), "\"step\":5,", 120));
+
+  const std::string second_log = files::join(dir, "second.log");
+  const int second = wait_exit(spawn_logged(example, {config_path, "--run-dir", run_dir}, second_log));
+  INFO(slurp(second_log));
+  CHECK(second == 2);
+  CHECK_THAT(slurp(second_log), Catch::Contains("is in use by another run"));
+
+  ::kill(pid, SIGTERM);
+  wait_delivered(pid, SIGTERM);
+  const int rc = wait_exit(pid);
+  const std::string out = slurp(log);
+  INFO(out);
+  REQUIRE(rc == 3);
+  const int64_t step = stopped_after_step(out);
+  REQUIRE(step >= 5);
+  REQUIRE(step < 5000);
+  const std::string ckpts = files::join(run_dir, "checkpoints");
+  CHECK(latest_checkpoint(ckpts) == checkpoint_path(ckpts, step));
+  // The refused run changed nothing: one run's rows, each step once.
+  const std::string metrics = slurp(files::join(run_dir, "metrics.jsonl"));
+  CHECK(metrics.find("{\"step\":5,") == metrics.rfind("{\"step\":5,"));
+
+  const std::string resumed = files::join(dir, "resumed.log");
+  const std::string end = "trainer.max_steps=" + std::to_string(step + 3);
+  REQUIRE(wait_exit(spawn_logged(example, {config_path, "--run-dir", run_dir, "--set", end}, resumed)) == 0);
+  CHECK_THAT(slurp(resumed), Catch::Contains("resumed from " + checkpoint_path(ckpts, step)));
+  CHECK(files::exists(checkpoint_path(ckpts, step + 3)));
+  files::remove_all(dir);
+}

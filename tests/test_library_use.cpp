@@ -7,6 +7,7 @@
 #include <train/device.h>
 #include <train/errors.h>
 #include <train/files.h>
+#include <train/fit.h>
 #include <train/metrics.h>
 #include <train/models/model.h>
 #include <train/plan.h>
@@ -83,17 +84,38 @@ TEST_CASE("library_use: a custom dataset trains into a run directory that does n
   RunOptions options;
   options.train_data = std::make_shared<Brightness>();
   options.val_data = options.train_data;
-  const RunParts run = prepare_run(config, options);
+  RunParts run = prepare_run(config, options);
   CHECK(run.train == options.train_data);
   CHECK(run.plan.memory.source.find("probe on cpu") != std::string::npos);  // the probe ran on the program's data
-  apply_plan_globals(run.plan);
-  Trainer trainer(config, run.plan, run.model, run.train, run.val, run_dir);
-  const FitResult result = trainer.fit();
+  FitOptions fit;
+  fit.run_dir = run_dir;
+  const FitReport report = fit_in_run_dir(config, run, fit);
+  CHECK(report.exit_code == kExitOk);
+  const FitResult& result = report.result;
+  CHECK(files::is_regular_file(files::join(run_dir, "plan.json")));
   CHECK(result.steps == 3);
   CHECK(result.val.samples == 40);
   const std::string metrics = read_text(files::join(run_dir, "metrics.jsonl"));
   CHECK(metrics.find("\"step\":3") != std::string::npos);
   CHECK_FALSE(files::list_directory(files::join(run_dir, "checkpoints")).empty());
+
+  // Datasets from the program with a kind that builds its own, a validation set without a training
+  // set, and a plan made from another config are errors, not silently one or the other.
+  {
+    Config synthetic = config;
+    synthetic.data.kind = "synthetic";
+    CHECK_THROWS_WITH(prepare_run(synthetic, options),
+                      Catch::Contains("key 'data.kind': 'synthetic', but the program passes its own datasets"));
+    RunOptions val_only;
+    val_only.val_data = options.train_data;
+    CHECK_THROWS_WITH(prepare_run(config, val_only), Catch::Contains("RunOptions::val_data without"));
+    Plan fixed = run.plan;
+    fixed.scaled_batch = false;
+    Config other = config;
+    other.trainer.global_batch = fixed.global_batch * 2;
+    CHECK_THROWS_WITH(Trainer(other, fixed, run.model, run.train, run.val, ""),
+                      Catch::Contains("the plan was made for a global batch of " + std::to_string(fixed.global_batch)));
+  }
 
   // Without datasets from the program, the kind is an error that says what it means.
   try {
@@ -127,8 +149,40 @@ TEST_CASE("library_use: resnet_example trains from an empty directory", "[librar
   REQUIRE(status != -1);
   REQUIRE(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
-  CHECK(files::is_regular_file(files::join(tmp, "runs/resnet_example/metrics.jsonl")));
+  // runs/<config name>, as train fit: another config does not resume this one's checkpoints.
+  CHECK(files::is_regular_file(files::join(tmp, "runs/tiny/metrics.jsonl")));
+  CHECK(files::is_regular_file(files::join(tmp, "runs/tiny/plan.json")));
   CHECK(read_text(log).find("top-1 ") != std::string::npos);
+
+  // Bad input: the exit code train fit gives, a message that says where, and no run directory
+  // left behind.
+  struct Bad {
+    std::string args;
+    int rc;
+    std::string says;
+  };
+  const std::vector<Bad> bad = {
+      {"tiny.yaml --bogus", 2, "unknown option --bogus"},
+      {"tiny.yaml --set", 2, "--set needs a value"},
+      {"tiny.yaml other.yaml", 2, "one config file, not two"},
+      {"tiny.yaml --set tuning.device=a100-80gb", 2, "--set tuning.device=a100-80gb: key 'tuning.device'"},
+      {"tiny.yaml --set model.in_channels=3", 2, "--set model.in_channels=3: key 'model.in_channels': 3 but the data"},
+      {"tiny.yaml --set model.init_from=missing.safetensors", 2, "key 'model.init_from'"},
+  };
+  for (const Bad& b : bad) {
+    const std::string run_dir = files::join(tmp, "bad_run");
+    const std::string cmd = "cd '" + tmp + "' && '" + example + "' --run-dir '" + run_dir + "' --set tuning.cache_dir='" +
+                            files::join(tmp, "plans") + "' " + b.args + " > '" + log + "' 2>&1";
+    const int rc = std::system(cmd.c_str());
+    INFO(b.args << ": " << read_text(log));
+    REQUIRE(WIFEXITED(rc));
+    CHECK(WEXITSTATUS(rc) == b.rc);
+    CHECK(read_text(log).find(b.says) != std::string::npos);
+    CHECK_FALSE(files::exists(run_dir));
+  }
+  const std::string help = "'" + example + "' --help > '" + log + "' 2>&1";
+  CHECK(std::system(help.c_str()) == 0);
+  CHECK(read_text(log).find("usage: resnet_example") != std::string::npos);
   files::remove_all(tmp);
 }
 

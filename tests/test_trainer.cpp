@@ -866,7 +866,9 @@ TEST_CASE("plan cache: a masked-LM plan is keyed by data.mask_prob since it sets
         "trainer: {global_batch: 8, max_steps: 1}\n"
         "tuning: {device: a100-80gb, cache_dir: " + dir + "/cache}\n",
         "mlm.yaml");
-    return prepare_run(c).plan.memory.source;
+    RunOptions planning;
+    planning.data_optional = true;  // as train plan --device does: tuning.device is for planning only
+    return prepare_run(c, planning).plan.memory.source;
   };
   CHECK_THAT(plan_with("0.15"), !Catch::Contains("plan cache"));
   CHECK_THAT(plan_with("0.15"), Catch::Contains("plan cache"));
@@ -891,7 +893,9 @@ TEST_CASE("plan cache: dropout, the head count and the optimizer implementation 
             "trainer: {global_batch: 8, max_steps: 1}\n"
             "tuning: {device: a100-80gb, cache_dir: " + dir + "/cache}\n",
         "mlm.yaml");
-    return prepare_run(c).plan.memory.source;
+    RunOptions planning;
+    planning.data_optional = true;  // as train plan --device does: tuning.device is for planning only
+    return prepare_run(c, planning).plan.memory.source;
   };
   CHECK_THAT(plan_with("", "loop"), !Catch::Contains("plan cache"));
   CHECK_THAT(plan_with("", "loop"), Catch::Contains("plan cache"));

@@ -3,27 +3,18 @@
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
 
-#include <signal.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <cerrno>
-#include <csignal>
 #include <cstdint>
 #include <iostream>
-#include <iterator>
 #include <optional>
-#include <thread>
 
-#include "atomic_file.h"
-#include "run_dir.h"
 #include "suggest.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/device.h"
+#include "train/fit.h"
 #include "train/dist.h"
 #include "train/doctor.h"
 #include "train/launch.h"
@@ -41,118 +32,6 @@ namespace {
 
 // train launch --nproc: ranks on one host (one per GPU, or CPU processes for Gloo).
 constexpr int64_t kMaxLocalRanks = 256;
-
-// Stop signals: SIGTERM, SIGINT (Ctrl-C) and SIGUSR1 (Slurm's `--signal=USR1@N` warning before
-// the time limit). The first asks the trainer to stop after the current step and checkpoint
-// (exit 3); a watchdog ends the process with 128 + that signal, without a checkpoint, if that takes
-// longer than trainer.stop_grace_s. Another stop signal kRepeatSignalSeconds or more after the
-// first exits at once (128 + signal), without a checkpoint; one sooner is the same request
-// delivered twice (directly and forwarded by a launcher, or by a scheduler that signals every
-// process of the job) and changes nothing. The handler uses only lock-free atomics,
-// clock_gettime, write and _exit, all async-signal-safe.
-constexpr int kStopSignals[] = {SIGTERM, SIGINT, SIGUSR1};
-constexpr int64_t kRepeatSignalSeconds = 1;
-static_assert(std::atomic<int64_t>::is_always_lock_free && std::atomic<int>::is_always_lock_free &&
-                  std::atomic<Trainer*>::is_always_lock_free,
-              "the stop signal handler needs lock-free atomics");
-std::atomic<Trainer*> g_active_trainer{nullptr};
-std::atomic<int> g_handlers_running{0};   // handlers between reading g_active_trainer and done with it
-std::atomic<int64_t> g_first_stop_ns{0};  // CLOCK_MONOTONIC time of the first stop signal; 0: none yet
-std::atomic<int> g_first_stop_signal{0};
-
-int64_t monotonic_ns() {  // clock_gettime is async-signal-safe; std::chrono's clocks are not promised to be
-  timespec ts{};
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
-}
-
-extern "C" void on_stop_signal(int sig) {
-  const int saved_errno = errno;
-  const int64_t now = std::max<int64_t>(monotonic_ns(), 1);
-  int64_t first = 0;
-  if (g_first_stop_ns.compare_exchange_strong(first, now)) {
-    g_first_stop_signal.store(sig);
-    g_handlers_running.fetch_add(1);
-    if (Trainer* t = g_active_trainer.load()) t->request_stop();
-    g_handlers_running.fetch_sub(1);
-  } else if (now - first >= kRepeatSignalSeconds * 1000000000) {
-    static const char msg[] = "train: another stop signal; exiting now without a checkpoint\n";
-    (void)!::write(STDERR_FILENO, msg, sizeof(msg) - 1);
-    ::_exit(kExitSignalBase + sig);
-  } else {
-    static const char msg[] = "train: the stop signal again within 1 s (delivered twice?); already stopping\n";
-    (void)!::write(STDERR_FILENO, msg, sizeof(msg) - 1);
-  }
-  errno = saved_errno;
-}
-
-// The stop signals' handler and its watchdog, from the moment a run starts on its run directory
-// until the command has reported how it ended (run_cli owns it). Before that a stop signal has its
-// default action: nothing is written yet, and a long start (loading, the probe) ends at once.
-// Inside it a stop signal never kills the process outright, wherever it lands:
-//  - while a trainer is attached, it asks it to stop after the current step and checkpoint;
-//  - before the trainer is attached (the run directory is being set up), the trainer gets the
-//    request as soon as it is attached;
-//  - after it is detached (the run failed, and is putting the run directory back and finding out
-//    whether a peer failed first), the cleanup goes on and the error is still reported.
-//    train launch sends SIGTERM to the other ranks as soon as one fails, just when they are busy
-//    doing that; the default action left half a run directory and no word of the cause.
-// The watchdog bounds all of it by trainer.stop_grace_s.
-class StopSignals {
- public:
-  explicit StopSignals(double grace_seconds) {
-    g_first_stop_ns.store(0);
-    g_first_stop_signal.store(0);
-    struct sigaction sa {};
-    sa.sa_handler = on_stop_signal;
-    sigemptyset(&sa.sa_mask);
-    for (const int sig : kStopSignals) sigaddset(&sa.sa_mask, sig);  // one handler at a time
-    sa.sa_flags = SA_RESTART;
-    for (size_t i = 0; i < std::size(kStopSignals); ++i) ::sigaction(kStopSignals[i], &sa, &previous_[i]);
-    watchdog_ = std::thread([this, grace_seconds] {
-      const auto grace_ns = static_cast<int64_t>(grace_seconds * 1e9);
-      while (!done_.load()) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        const int64_t first = g_first_stop_ns.load();
-        if (first == 0 || monotonic_ns() - first <= grace_ns) continue;
-        const int sig = g_first_stop_signal.load();
-        const int code = kExitSignalBase + (sig != 0 ? sig : SIGTERM);
-        log::error(log::str("stop requested but the current step and checkpoint did not finish within "
-                            "trainer.stop_grace_s = ", grace_seconds, " s; exiting with ", code,
-                            " (128 + the signal) without a checkpoint"));
-        std::_Exit(code);
-      }
-    });
-  }
-  ~StopSignals() {
-    done_.store(true);
-    watchdog_.join();
-    for (size_t i = 0; i < std::size(kStopSignals); ++i) ::sigaction(kStopSignals[i], &previous_[i], nullptr);
-  }
-  StopSignals(const StopSignals&) = delete;
-  StopSignals& operator=(const StopSignals&) = delete;
-
-  // The trainer that stop signals go to, for this object's lifetime (declare it after the trainer).
-  class Attach {
-   public:
-    explicit Attach(Trainer& t) {
-      g_active_trainer.store(&t);
-      if (g_first_stop_ns.load() != 0) t.request_stop();  // one that came while the run was being set up
-    }
-    ~Attach() {
-      g_active_trainer.store(nullptr);
-      // A handler that read the pointer just before is done with it before the trainer goes.
-      while (g_handlers_running.load() != 0) std::this_thread::yield();
-    }
-    Attach(const Attach&) = delete;
-    Attach& operator=(const Attach&) = delete;
-  };
-
- private:
-  std::atomic<bool> done_{false};
-  std::thread watchdog_;
-  struct sigaction previous_[std::size(kStopSignals)] {};
-};
 
 struct CommonArgs {
   std::string config;
@@ -189,59 +68,6 @@ int with_config_location(const Config& config, Body&& body) {
   }
 }
 
-// The message of the exception being handled, for one that is not a train::Error.
-std::string describe_current_exception() {
-  try {
-    throw;
-  } catch (const c10::Error& e) {
-    return std::string("LibTorch error: ") + e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "unknown exception";
-  }
-}
-
-// --run-dir (or its default) must be a directory or something mkdir -p can create: a regular
-// file there, or on the way there, is a usage error found before anything runs.
-void check_run_dir(const std::string& run_dir) {
-  for (std::string path = run_dir;; path = files::parent(path)) {
-    if (files::exists(path)) {
-      if (!files::is_directory(path)) {
-        throw UsageError("--run-dir " + run_dir + ": " + (path == run_dir ? std::string() : path + " ") +
-                         "is a file, not a directory; give a directory (or a path to create)");
-      }
-      return;
-    }
-    if (files::parent(path) == path || files::parent(path) == ".") return;
-  }
-}
-
-// Bad input, as opposed to a runtime failure (a diverging loss, a full disk): a run stopped by it
-// leaves no trace in the run directory unless it got as far as a checkpoint.
-bool is_bad_input(const Error& e) {
-  return dynamic_cast<const DataError*>(&e) || dynamic_cast<const ConfigError*>(&e) ||
-         dynamic_cast<const CheckpointError*>(&e) || dynamic_cast<const UsageError*>(&e);
-}
-
-// model.init_from is readable and fits the model; an error names where the file was given.
-void check_init_from(const Config& config, const models::Model& model) {
-  try {
-    check_model_weights(config.model.init_from, model, config.model.init_strict, model.weight_rules());
-  } catch (const CheckpointError& e) {
-    throw CheckpointError(locate_config_error(config, std::string("key 'model.init_from': ") + e.what()));
-  }
-}
-
-// tuning.device names hardware to plan for (train plan); a command that runs on this machine's
-// hardware would otherwise run with another device's plan, or fail deep inside LibTorch.
-void reject_named_device(const Config& config, const char* command) {
-  if (config.tuning.device.empty()) return;
-  throw ConfigError(log::str("key 'tuning.device': '", config.tuning.device, "' plans for a device profile, for train ",
-                             "plan; train ", command, " runs on this machine's hardware (trainer.device), so remove ",
-                             "tuning.device here, or see the plan with train plan --device ", config.tuning.device));
-}
-
 // Everything that can be checked without the data (which may live on another machine): the keys,
 // the model (name and sizes: it is built), a named device profile, and model.init_from.
 int cmd_check(const CommonArgs& args) {
@@ -249,7 +75,7 @@ int cmd_check(const CommonArgs& args) {
   return with_config_location(config, [&] {
     const models::ModelPtr model = models::make_model(config.model);
     if (!config.tuning.device.empty()) named_device(config.tuning.device);
-    if (!config.model.init_from.empty()) check_init_from(config, *model);
+    check_init_from(config, *model);
     std::cout << args.config << ": OK (model " << config.model.name << ", " << models::count_parameters(*model)
               << " parameters, global batch " << config.trainer.global_batch << "; the data was not read)\n";
     return kExitOk;
@@ -275,126 +101,23 @@ int cmd_plan(CommonArgs args, bool json, const std::string& device, int64_t worl
   });
 }
 
-// Creates the run directory and trains. A run stopped by bad input before its first checkpoint
-// puts the run directory back as it found it (removes it when it created it).
-int train_in_run_dir(const Config& config, RunParts& run, const std::string& run_dir, const std::string& resume_path,
-                     bool leader, std::optional<StopSignals>& stop_signals) {
-  stop_signals.emplace(config.trainer.stop_grace_s);
-  std::optional<detail::RunDirSnapshot> before;
-  std::optional<detail::RunDirLock> lock;
-  if (leader) {
-    before.emplace(run_dir);
-    // Locked before anything is written; a run that cannot take the lock changes nothing.
-    files::make_directories(run_dir);
-    lock.emplace(run_dir);
-    // What a write killed before its rename left (a kill or a full disk in an earlier run here).
-    detail::remove_stale_temporaries(run_dir, [](const std::string& target) {
-      return target == "config.yaml" || target == "plan.json" || target == "metrics.jsonl";
-    });
-    // Another run may have checkpointed here between cmd_fit's check and the lock.
-    if (resume_path.empty() && !latest_checkpoint(files::join(run_dir, "checkpoints")).empty()) {
-      throw UsageError("run directory " + run_dir + " now holds checkpoints (another run wrote them); pass --resume "
-                       "auto to continue it, or --run-dir to start a new run");
-    }
-  }
-  try {
-    if (leader) {  // rank 0 owns the run directory
-      files::make_directories(run_dir);
-      log::set_file(files::join(run_dir, "train.log"));
-      detail::write_text_atomically(files::join(run_dir, "config.yaml"), to_yaml(config));
-      detail::write_text_atomically(files::join(run_dir, "plan.json"), run.plan.to_json() + "\n");
-    }
-    log::info("run directory " + run_dir);
-    log::info(run.model->name() + ": " + std::to_string(run.plan.model_params) + " parameters; train " +
-              run.train->describe() + "; val " + run.val->describe());
-    std::istringstream plan_text(run.plan.to_text());
-    for (std::string line; std::getline(plan_text, line);) log::info(line);
-
-    apply_plan_globals(run.plan);
-    FitResult result;
-    {
-      Trainer trainer(config, run.plan, run.model, run.train, run.val, run_dir, run.group);
-      if (run.record_oom) trainer.on_out_of_memory(run.record_oom);
-      StopSignals::Attach stop(trainer);
-      result = trainer.fit(resume_path);
-    }
-    log::info(log::str("done: ", result.steps, " steps in ", format_duration(result.seconds), "; data wait ",
-                       log::fixed(100.0 * result.data_wait_fraction, 2), "% of loop time",
-                       result.loader_workers != run.plan.workers
-                           ? log::str(" (loader workers raised to ", result.loader_workers, ")")
-                           : std::string(),
-                       result.val.samples ? log::str("; val top-1 ", log::fixed(100.0 * result.val.accuracy, 2), "%") : ""));
-    log::set_file("");
-    if (result.diverged_ranks != 0) return kExitRuntime;
-    // Stopped by a signal before the end, with a checkpoint to resume from.
-    return result.steps < run.plan.total_steps ? kExitStopped : kExitOk;
-  } catch (const Error& e) {
-    // The trainer (its loader workers, metrics and event files) is gone by now.
-    std::optional<dist::Group::PeerFailure> peer;
-    if (run.group && run.group->size() > 1) {
-      run.group->post_failure(e.exit_code(), is_bad_input(e), e.what());
-      // A collective that failed here may be the echo of another rank's bad input (a corrupt
-      // file in its shard): that rank posted why before it exited.
-      if (!is_bad_input(e)) peer = run.group->peer_failure(3.0);
-    }
-    const bool bad_input = is_bad_input(e) || (peer && peer->bad_input);
-    if (before && bad_input && !before->has_new_checkpoint()) {
-      log::set_file("");
-      log::warn("the run stopped before its first checkpoint; " + before->restore());
-    }
-    if (peer) {
-      throw Error(log::str("rank ", peer->rank, " stopped first: ", peer->message, "\n(rank ", run.group->rank(),
-                           " then failed with: ", e.what(), ")"),
-                  peer->exit_code);
-    }
-    throw;
-  } catch (...) {
-    // Not one of train's errors (std::invalid_argument, c10::Error, std::bad_alloc from a library
-    // fed something that was not checked up front): it may well be bad input, so before the first
-    // checkpoint the run directory is put back as for bad input. run_cli maps it to exit 1.
-    const std::string what = describe_current_exception();
-    if (run.group && run.group->size() > 1) run.group->post_failure(kExitRuntime, true, what);
-    if (before && !before->has_new_checkpoint()) {
-      log::set_file("");
-      log::warn("the run stopped before its first checkpoint; " + before->restore());
-    }
-    throw;
-  }
-}
-
-int cmd_fit(const CommonArgs& args, std::string run_dir, const std::string& resume,
+int cmd_fit(const CommonArgs& args, const std::string& run_dir, const std::string& resume,
             std::optional<StopSignals>& stop_signals) {
-  // Everything that can be rejected is checked before the run directory is touched.
+  // Everything that can be rejected is checked before the data is read and the run directory
+  // is touched.
   const Config config = load_config(args.config, args.sets);
   log::set_level(config.logging.level);  // before anything logs (the probe, the plan cache)
   return with_config_location(config, [&] {
-    reject_named_device(config, "fit");
-    if (run_dir.empty()) run_dir = default_run_dir(args.config);
-    check_run_dir(run_dir);
-    const std::string ckpt_dir = files::join(run_dir, "checkpoints");
-    if (resume.empty() && !latest_checkpoint(ckpt_dir).empty()) {
-      throw UsageError("run directory " + run_dir + " already holds checkpoints; pass --resume auto to continue it, "
-                       "or --run-dir to start a new run");
-    }
-    if (!resume.empty() && resume != "auto" && !files::exists(resume)) {
-      throw CheckpointError(resume + ": checkpoint file does not exist (--resume)");
-    }
+    FitOptions fit;
+    fit.run_dir = run_dir.empty() ? default_run_dir(args.config) : run_dir;
+    fit.resume = resume;
+    fit.keep_stop_signals = &stop_signals;  // kept until the error, if any, is reported
+    check_fit_options(config, fit);
     RunOptions options;
     options.env = dist::detect_env();
-    const bool leader = options.env.rank == 0;
     log::set_rank(static_cast<int>(options.env.rank));
     RunParts run = prepare_run(config, options);
-    // Resolve and validate the checkpoint now, so that a corrupt or mismatching one is rejected
-    // before anything is written (the trainer loads it again, with the optimizer).
-    const std::string resume_path = resume == "auto" ? latest_checkpoint(ckpt_dir) : resume;
-    if (resume == "auto" && resume_path.empty()) {
-      log::info("--resume auto: no checkpoint in " + ckpt_dir + "; starting fresh");
-    }
-    if (!resume_path.empty()) load_checkpoint(resume_path, *run.model, nullptr);
-    if (resume_path.empty() && !config.model.init_from.empty()) {
-      check_init_from(config, *run.model);
-    }
-    return train_in_run_dir(config, run, run_dir, resume_path, leader, stop_signals);
+    return fit_in_run_dir(config, run, fit).exit_code;
   });
 }
 
@@ -403,7 +126,10 @@ int cmd_launch(const CommonArgs& args, int nproc, int master_port, const std::st
                const std::string& resume, const std::string& self) {
   const Config config = load_config(args.config, args.sets);
   with_config_location(config, [&] {
-    reject_named_device(config, "launch");
+    FitOptions fit;
+    fit.run_dir = run_dir.empty() ? default_run_dir(args.config) : run_dir;
+    fit.resume = resume;
+    check_fit_options(config, fit);  // once here, rather than in every rank after all of them started
     // Every rank would find this on its own, after all of them started.
     if (config.tuning.batch == "fixed" && config.trainer.global_batch % nproc != 0) {
       throw ConfigError(log::str("key 'trainer.global_batch': ", config.trainer.global_batch,
@@ -411,7 +137,6 @@ int cmd_launch(const CommonArgs& args, int nproc, int master_port, const std::st
     }
     return 0;
   });
-  check_run_dir(run_dir.empty() ? default_run_dir(args.config) : run_dir);
   std::vector<std::string> argv{self, "fit", args.config};
   for (const auto& s : args.sets) {
     argv.push_back("--set");
@@ -433,8 +158,7 @@ int cmd_eval(const CommonArgs& args, const std::string& checkpoint) {
   const Config config = load_config(args.config, args.sets);
   log::set_level(config.logging.level);  // before anything logs (the probe, the plan cache)
   return with_config_location(config, [&] {
-    reject_named_device(config, "eval");
-    RunParts run = prepare_run(config);
+    RunParts run = prepare_run(config);  // refuses tuning.device (check_runs_here)
     load_model_weights(checkpoint, *run.model);
     apply_plan_globals(run.plan);
     Trainer trainer(config, run.plan, run.model, run.train, run.val, "");

@@ -166,7 +166,7 @@ int launch_local(const std::vector<std::string>& argv, const LaunchOptions& opti
       (void)!::write(STDERR_FILENO, cannot_run.data(), cannot_run.size());
       (void)!::write(STDERR_FILENO, why, std::strlen(why));
       (void)!::write(STDERR_FILENO, "\n", 1);
-      ::_exit(127);
+      ::_exit(kExitLaunch);
     }
     children[static_cast<size_t>(rank)] = Child{rank, pid, true, 0, 0, ""};
   }

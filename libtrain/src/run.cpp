@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "compat.h"
+#include "train/checkpoint.h"
 #include "train/data/factory.h"
 #include "train/dist.h"
 #include "train/errors.h"
@@ -301,7 +302,36 @@ void agree_across_ranks(Plan& plan, const Config& config, const DeviceProfile& d
 
 }  // namespace
 
-RunParts prepare_run(const Config& config, const RunOptions& options) {
+void check_runs_here(const Config& config) {
+  if (config.tuning.device.empty()) return;
+  throw ConfigError(locate_config_error(
+      config, log::str("key 'tuning.device': '", config.tuning.device, "' plans for a device profile, for train ",
+                       "plan; training and evaluation run on this machine's hardware (trainer.device), so remove ",
+                       "tuning.device here, or see the plan with train plan --device ", config.tuning.device)));
+}
+
+void check_init_from(const Config& config, const models::Model& model) {
+  if (config.model.init_from.empty()) return;
+  try {
+    check_model_weights(config.model.init_from, model, config.model.init_strict, model.weight_rules());
+  } catch (const CheckpointError& e) {
+    throw CheckpointError(locate_config_error(config, std::string("key 'model.init_from': ") + e.what()));
+  }
+}
+
+namespace {
+
+RunParts prepare_run_unlocated(const Config& config, const RunOptions& options) {
+  if (!options.data_optional) check_runs_here(config);
+  if (options.val_data && !options.train_data) {
+    throw ConfigError("RunOptions::val_data without RunOptions::train_data: give the training set too (data.kind: "
+                      "custom), or neither to build both from the config's data section");
+  }
+  if (options.train_data && config.data.kind != "custom") {
+    throw ConfigError("key 'data.kind': '" + config.data.kind + "', but the program passes its own datasets "
+                      "(RunOptions::train_data); set data.kind: custom, so that the config says where the data "
+                      "comes from");
+  }
   RunParts r;
   r.config = config;
   const dist::Env& env = options.env;
@@ -422,6 +452,18 @@ RunParts prepare_run(const Config& config, const RunOptions& options) {
     for (const std::string& w : d.warnings) log::warn("plan: " + d.name + " " + d.value + ": " + w);
   }
   return r;
+}
+
+}  // namespace
+
+RunParts prepare_run(const Config& config, const RunOptions& options) {
+  try {
+    return prepare_run_unlocated(config, options);
+  } catch (const ConfigError& e) {
+    // The dataset factory, the model registry and the plan name keys; the error gets the file,
+    // line and column (or --set) where the key was set, like the parser's own.
+    throw ConfigError(locate_config_error(config, e.what()));
+  }
 }
 
 void apply_plan_globals(const Plan& plan) {

@@ -605,6 +605,12 @@ Trainer::Trainer(Config config, Plan plan, models::ModelPtr model, data::Dataset
                  std::string run_dir, dist::GroupPtr group)
     : impl_(std::make_unique<Impl>()) {
   auto& s = *impl_;
+  if (!plan.scaled_batch && plan.global_batch != config.trainer.global_batch) {
+    // A plan made from another config: the batch arithmetic and the LR would not be this config's.
+    throw ConfigError(log::str("key 'trainer.global_batch': ", config.trainer.global_batch, " but the plan was made ",
+                               "for a global batch of ", plan.global_batch, "; make the plan from this config ",
+                               "(prepare_run or make_plan)"));
+  }
   s.config = std::move(config);
   s.plan = std::move(plan);
   s.model = std::move(model);

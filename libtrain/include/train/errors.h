@@ -19,7 +19,8 @@
 //
 // Nothing is left half-written: input is validated (config, data file headers and sizes,
 // checkpoints) before the run directory is created, and a run that fails before its first
-// checkpoint removes what it created in the run directory.
+// checkpoint removes what it created in the run directory. That is `train fit`'s promise, and
+// fit_in_run_dir's (fit.h) for a program that links the library; a Trainer alone does neither.
 #include <stdexcept>
 #include <string>
 
@@ -31,6 +32,7 @@ enum ExitCode : int {
   kExitData = 1,
   kExitInvalid = 2,
   kExitStopped = 3,
+  kExitLaunch = 127,      // train launch could not start a rank
   kExitSignalBase = 128,  // + the signal number: stopped by a signal without a checkpoint
 };
 

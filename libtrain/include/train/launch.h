@@ -27,8 +27,8 @@ struct LaunchOptions {
 // within grace_seconds of the first); 128 + N when a stop signal N the launcher forwarded ended a
 // rank that had not installed its handler yet (still starting up, so no checkpoint), whatever the
 // other ranks exited with after it (a collective fails when a peer is gone); otherwise the first
-// failing rank's exit code (1 for a rank killed by any other signal). Throws UsageError for
-// nproc < 1 or a program that cannot be started.
+// failing rank's exit code (1 for a rank killed by any other signal; 127 when the program could not
+// be started, kExitLaunch). Throws UsageError for nproc < 1.
 int launch_local(const std::vector<std::string>& argv, const LaunchOptions& options);
 
 // A TCP port that was free on `host` a moment ago.

@@ -36,9 +36,10 @@ struct RunOptions {
   // With plan_world_size: how many of those ranks share this host's cores, which sets the threads
   // and loader workers per rank (`train plan --local-world-size M`); 0 = all of them (one host).
   int64_t plan_local_world_size = 0;
-  // Plan even when the data is not on this machine (`train plan`): the input shape then comes
-  // from the config (model.in_channels x data.image_size^2), train/val stay null and the
-  // schedule length is known only from trainer.max_steps.
+  // Plan only, for data that need not be on this machine (`train plan`): the input shape then
+  // comes from the config (model.in_channels x data.image_size^2) when the data is not readable,
+  // train/val stay null, and the schedule length is known only from trainer.max_steps.
+  // tuning.device (another device's profile) is accepted only here.
   bool data_optional = false;
   // A program's own datasets (classes derived from data::Dataset), used instead of building them
   // from the config's data section (`data.kind: custom` says so in the YAML; of that section only
@@ -49,9 +50,20 @@ struct RunOptions {
 };
 
 // Seeds LibTorch's generator from trainer.seed before building the model, so that the
-// initial weights are reproducible. Reads the data files (DataError on bad input).
+// initial weights are reproducible. Reads the data files (DataError on bad input). A ConfigError
+// names the file and line (or --set) where the offending key was set. Refuses tuning.device
+// unless data_optional (check_runs_here), and datasets from the program unless data.kind is
+// custom.
 RunParts prepare_run(const Config& config, const RunOptions& options);
 inline RunParts prepare_run(const Config& config) { return prepare_run(config, RunOptions{}); }
+
+// ConfigError when the config cannot run on this machine's hardware: tuning.device names a
+// device profile to plan for (train plan), not hardware to train on.
+void check_runs_here(const Config& config);
+
+// model.init_from (when set) is readable and fits `model`; a CheckpointError names the file and
+// line where the key was set.
+void check_init_from(const Config& config, const models::Model& model);
 
 // Applies the plan's process-wide settings (threads, TF32, cudnn.benchmark).
 void apply_plan_globals(const Plan& plan);

@@ -46,7 +46,9 @@ using OomListener = std::function<void(int64_t failed_micro_batch, int64_t new_m
 
 class Trainer {
  public:
-  // `run_dir` receives metrics.jsonl and checkpoints/; "" keeps everything in memory.
+  // `run_dir` receives metrics.jsonl, a TensorBoard event file and checkpoints/ ("" keeps
+  // everything in memory); it is neither locked nor put back on bad input: fit_in_run_dir (fit.h)
+  // does that. Throws ConfigError when `plan` was made for another global batch than `config`'s.
   // `val` may be null. With a process group of more than one rank the trainer is data-parallel:
   // rank 0's weights are broadcast at the start, gradients are averaged across ranks with
   // overlapped bucketed allreduce (config.distributed), each rank evaluates its share of the

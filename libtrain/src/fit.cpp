@@ -1,0 +1,306 @@
+// A whole run in its run directory (fit.h): the stop signals, the run directory's lock and
+// snapshot, the checks before anything is written, and the trainer.
+#include "train/fit.h"
+
+#include <torch/torch.h>
+
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdint>
+#include <iterator>
+#include <optional>
+#include <sstream>
+#include <thread>
+
+#include "atomic_file.h"
+#include "run_dir.h"
+#include "train/checkpoint.h"
+#include "train/errors.h"
+#include "train/files.h"
+#include "train/log.h"
+#include "train/metrics.h"
+
+namespace train {
+namespace {
+
+// Stop signals: SIGTERM, SIGINT (Ctrl-C) and SIGUSR1 (Slurm's `--signal=USR1@N` warning before
+// the time limit). The first asks the trainer to stop after the current step and checkpoint
+// (exit 3); a watchdog ends the process with 128 + that signal, without a checkpoint, if that takes
+// longer than trainer.stop_grace_s. Another stop signal kRepeatSignalSeconds or more after the
+// first exits at once (128 + signal), without a checkpoint; one sooner is the same request
+// delivered twice (directly and forwarded by a launcher, or by a scheduler that signals every
+// process of the job) and changes nothing. The handler uses only lock-free atomics,
+// clock_gettime, write and _exit, all async-signal-safe.
+constexpr int kStopSignals[] = {SIGTERM, SIGINT, SIGUSR1};
+constexpr int64_t kRepeatSignalSeconds = 1;
+static_assert(std::atomic<int64_t>::is_always_lock_free && std::atomic<int>::is_always_lock_free &&
+                  std::atomic<Trainer*>::is_always_lock_free,
+              "the stop signal handler needs lock-free atomics");
+std::atomic<Trainer*> g_active_trainer{nullptr};
+std::atomic<int> g_handlers_running{0};   // handlers between reading g_active_trainer and done with it
+std::atomic<int64_t> g_first_stop_ns{0};  // CLOCK_MONOTONIC time of the first stop signal; 0: none yet
+std::atomic<int> g_first_stop_signal{0};
+
+int64_t monotonic_ns() {  // clock_gettime is async-signal-safe; std::chrono's clocks are not promised to be
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+extern "C" void on_stop_signal(int sig) {
+  const int saved_errno = errno;
+  const int64_t now = std::max<int64_t>(monotonic_ns(), 1);
+  int64_t first = 0;
+  if (g_first_stop_ns.compare_exchange_strong(first, now)) {
+    g_first_stop_signal.store(sig);
+    g_handlers_running.fetch_add(1);
+    if (Trainer* t = g_active_trainer.load()) t->request_stop();
+    g_handlers_running.fetch_sub(1);
+  } else if (now - first >= kRepeatSignalSeconds * 1000000000) {
+    static const char msg[] = "train: another stop signal; exiting now without a checkpoint\n";
+    (void)!::write(STDERR_FILENO, msg, sizeof(msg) - 1);
+    ::_exit(kExitSignalBase + sig);
+  } else {
+    static const char msg[] = "train: the stop signal again within 1 s (delivered twice?); already stopping\n";
+    (void)!::write(STDERR_FILENO, msg, sizeof(msg) - 1);
+  }
+  errno = saved_errno;
+}
+
+}  // namespace
+
+// The stop signals' handler and its watchdog, from the moment a run starts on its run directory
+// until the command has reported how it ended (fit_in_run_dir, or a caller through FitOptions::keep_stop_signals). Before that a stop signal has its
+// default action: nothing is written yet, and a long start (loading, the probe) ends at once.
+// Inside it a stop signal never kills the process outright, wherever it lands:
+//  - while a trainer is attached, it asks it to stop after the current step and checkpoint;
+//  - before the trainer is attached (the run directory is being set up), the trainer gets the
+//    request as soon as it is attached;
+//  - after it is detached (the run failed, and is putting the run directory back and finding out
+//    whether a peer failed first), the cleanup goes on and the error is still reported.
+//    train launch sends SIGTERM to the other ranks as soon as one fails, just when they are busy
+//    doing that; the default action left half a run directory and no word of the cause.
+// The watchdog bounds all of it by trainer.stop_grace_s.
+struct StopSignals::Impl {
+  std::atomic<bool> done{false};
+  std::thread watchdog;
+  struct sigaction previous[std::size(kStopSignals)] {};
+};
+
+StopSignals::StopSignals(double grace_seconds) : impl_(std::make_unique<Impl>()) {
+  g_first_stop_ns.store(0);
+  g_first_stop_signal.store(0);
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  for (const int sig : kStopSignals) sigaddset(&sa.sa_mask, sig);  // one handler at a time
+  sa.sa_flags = SA_RESTART;
+  for (size_t i = 0; i < std::size(kStopSignals); ++i) ::sigaction(kStopSignals[i], &sa, &impl_->previous[i]);
+  impl_->watchdog = std::thread([impl = impl_.get(), grace_seconds] {
+    const auto grace_ns = static_cast<int64_t>(grace_seconds * 1e9);
+    while (!impl->done.load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      const int64_t first = g_first_stop_ns.load();
+      if (first == 0 || monotonic_ns() - first <= grace_ns) continue;
+      const int sig = g_first_stop_signal.load();
+      const int code = kExitSignalBase + (sig != 0 ? sig : SIGTERM);
+      log::error(log::str("stop requested but the current step and checkpoint did not finish within "
+                          "trainer.stop_grace_s = ", grace_seconds, " s; exiting with ", code,
+                          " (128 + the signal) without a checkpoint"));
+      std::_Exit(code);
+    }
+  });
+}
+
+StopSignals::~StopSignals() {
+  impl_->done.store(true);
+  impl_->watchdog.join();
+  for (size_t i = 0; i < std::size(kStopSignals); ++i) ::sigaction(kStopSignals[i], &impl_->previous[i], nullptr);
+}
+
+StopSignals::Attach::Attach(Trainer& trainer) {
+  g_active_trainer.store(&trainer);
+  if (g_first_stop_ns.load() != 0) trainer.request_stop();  // one that came while the run was being set up
+}
+
+StopSignals::Attach::~Attach() {
+  g_active_trainer.store(nullptr);
+  // A handler that read the pointer just before is done with it before the trainer goes.
+  while (g_handlers_running.load() != 0) std::this_thread::yield();
+}
+
+namespace {
+
+// The message of the exception being handled, for one that is not a train::Error.
+std::string describe_current_exception() {
+  try {
+    throw;
+  } catch (const c10::Error& e) {
+    return std::string("LibTorch error: ") + e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+// The run directory must be a directory or something mkdir -p can create: a regular file there, or
+// on the way there, is a usage error found before anything runs.
+void check_run_dir(const std::string& run_dir) {
+  for (std::string path = run_dir;; path = files::parent(path)) {
+    if (files::exists(path)) {
+      if (!files::is_directory(path)) {
+        throw UsageError("run directory " + run_dir + ": " + (path == run_dir ? std::string() : path + " ") +
+                         "is a file, not a directory; give a directory (or a path to create) (--run-dir)");
+      }
+      return;
+    }
+    if (files::parent(path) == path || files::parent(path) == ".") return;
+  }
+}
+
+// Bad input, as opposed to a runtime failure (a diverging loss, a full disk): a run stopped by it
+// leaves no trace in the run directory unless it got as far as a checkpoint.
+bool is_bad_input(const Error& e) {
+  return dynamic_cast<const DataError*>(&e) || dynamic_cast<const ConfigError*>(&e) ||
+         dynamic_cast<const CheckpointError*>(&e) || dynamic_cast<const UsageError*>(&e);
+}
+
+// Creates the run directory and trains. A run stopped by bad input before its first checkpoint
+// puts the run directory back as it found it (removes it when it created it).
+FitReport train_in_run_dir(const Config& config, RunParts& run, const std::string& run_dir,
+                           const std::string& resume_path, const FitOptions& options) {
+  const bool leader = run.plan.rank == 0;
+  std::optional<StopSignals> own_signals;
+  std::optional<StopSignals>& stop_signals = options.keep_stop_signals ? *options.keep_stop_signals : own_signals;
+  if (options.handle_stop_signals) {
+    stop_signals.reset();  // one at a time: the old one's handlers are restored first
+    stop_signals.emplace(config.trainer.stop_grace_s);
+  }
+  std::optional<detail::RunDirSnapshot> before;
+  std::optional<detail::RunDirLock> lock;
+  if (leader) {
+    before.emplace(run_dir);
+    // Locked before anything is written; a run that cannot take the lock changes nothing.
+    files::make_directories(run_dir);
+    lock.emplace(run_dir);
+    // What a write killed before its rename left (a kill or a full disk in an earlier run here).
+    detail::remove_stale_temporaries(run_dir, [](const std::string& target) {
+      return target == "config.yaml" || target == "plan.json" || target == "metrics.jsonl";
+    });
+    // Another run may have checkpointed here between check_fit_options and the lock.
+    if (resume_path.empty() && !latest_checkpoint(files::join(run_dir, "checkpoints")).empty()) {
+      throw UsageError("run directory " + run_dir + " now holds checkpoints (another run wrote them); pass --resume "
+                       "auto to continue it, or --run-dir to start a new run");
+    }
+  }
+  try {
+    if (leader) {  // rank 0 owns the run directory
+      files::make_directories(run_dir);
+      log::set_file(files::join(run_dir, "train.log"));
+      detail::write_text_atomically(files::join(run_dir, "config.yaml"), to_yaml(config));
+      detail::write_text_atomically(files::join(run_dir, "plan.json"), run.plan.to_json() + "\n");
+    }
+    log::info("run directory " + run_dir);
+    log::info(run.model->name() + ": " + std::to_string(run.plan.model_params) + " parameters; train " +
+              run.train->describe() + "; val " + (run.val ? run.val->describe() : std::string("none")));
+    std::istringstream plan_text(run.plan.to_text());
+    for (std::string line; std::getline(plan_text, line);) log::info(line);
+
+    apply_plan_globals(run.plan);
+    FitReport report;
+    FitResult& result = report.result;
+    int64_t total_steps = 0;
+    {
+      Trainer trainer(config, run.plan, run.model, run.train, run.val, run_dir, run.group);
+      if (run.record_oom) trainer.on_out_of_memory(run.record_oom);
+      if (options.on_trainer) options.on_trainer(trainer);
+      std::optional<StopSignals::Attach> stop;
+      if (stop_signals) stop.emplace(trainer);
+      result = trainer.fit(resume_path);
+      total_steps = trainer.plan().total_steps;
+    }
+    log::info(log::str("done: ", result.steps, " steps in ", format_duration(result.seconds), "; data wait ",
+                       log::fixed(100.0 * result.data_wait_fraction, 2), "% of loop time",
+                       result.loader_workers != run.plan.workers
+                           ? log::str(" (loader workers raised to ", result.loader_workers, ")")
+                           : std::string(),
+                       result.val.samples ? log::str("; val top-1 ", log::fixed(100.0 * result.val.accuracy, 2), "%") : ""));
+    log::set_file("");
+    // Stopped by a signal before the end, with a checkpoint to resume from.
+    report.exit_code = result.diverged_ranks != 0                ? kExitRuntime
+                       : result.steps < total_steps            ? kExitStopped
+                                                               : kExitOk;
+    return report;
+  } catch (const Error& e) {
+    // The trainer (its loader workers, metrics and event files) is gone by now.
+    std::optional<dist::Group::PeerFailure> peer;
+    if (run.group && run.group->size() > 1) {
+      run.group->post_failure(e.exit_code(), is_bad_input(e), e.what());
+      // A collective that failed here may be the echo of another rank's bad input (a corrupt
+      // file in its shard): that rank posted why before it exited.
+      if (!is_bad_input(e)) peer = run.group->peer_failure(3.0);
+    }
+    const bool bad_input = is_bad_input(e) || (peer && peer->bad_input);
+    if (before && bad_input && !before->has_new_checkpoint()) {
+      log::set_file("");
+      log::warn("the run stopped before its first checkpoint; " + before->restore());
+    }
+    if (peer) {
+      throw Error(log::str("rank ", peer->rank, " stopped first: ", peer->message, "\n(rank ", run.group->rank(),
+                           " then failed with: ", e.what(), ")"),
+                  peer->exit_code);
+    }
+    throw;
+  } catch (...) {
+    // Not one of train's errors (std::invalid_argument, c10::Error, std::bad_alloc from a library
+    // fed something that was not checked up front): it may well be bad input, so before the first
+    // checkpoint the run directory is put back as for bad input. run_cli maps it to exit 1.
+    const std::string what = describe_current_exception();
+    if (run.group && run.group->size() > 1) run.group->post_failure(kExitRuntime, true, what);
+    if (before && !before->has_new_checkpoint()) {
+      log::set_file("");
+      log::warn("the run stopped before its first checkpoint; " + before->restore());
+    }
+    throw;
+  }
+}
+
+}  // namespace
+
+void check_fit_options(const Config& config, const FitOptions& options) {
+  if (options.run_dir.empty()) throw UsageError("no run directory given (FitOptions::run_dir, --run-dir)");
+  check_runs_here(config);
+  check_run_dir(options.run_dir);
+  if (options.resume.empty() && !latest_checkpoint(files::join(options.run_dir, "checkpoints")).empty()) {
+    throw UsageError("run directory " + options.run_dir + " already holds checkpoints; pass --resume auto to "
+                     "continue it, or --run-dir to start a new run");
+  }
+  if (!options.resume.empty() && options.resume != "auto" && !files::exists(options.resume)) {
+    throw CheckpointError(options.resume + ": checkpoint file does not exist (--resume)");
+  }
+}
+
+FitReport fit_in_run_dir(const Config& config, RunParts& run, const FitOptions& options) {
+  check_fit_options(config, options);
+  if (!run.model || !run.train) throw UsageError("fit_in_run_dir: the run has no model or no training set (prepare_run)");
+  // Resolve and validate the checkpoint now, so that a corrupt or mismatching one is rejected
+  // before anything is written (the trainer loads it again, with the optimizer).
+  const std::string ckpt_dir = files::join(options.run_dir, "checkpoints");
+  const std::string resume_path = options.resume == "auto" ? latest_checkpoint(ckpt_dir) : options.resume;
+  if (options.resume == "auto" && resume_path.empty()) {
+    log::info("--resume auto: no checkpoint in " + ckpt_dir + "; starting fresh");
+  }
+  if (!resume_path.empty()) load_checkpoint(resume_path, *run.model, nullptr);
+  if (resume_path.empty() && !config.model.init_from.empty()) check_init_from(config, *run.model);
+  return train_in_run_dir(config, run, options.run_dir, resume_path, options);
+}
+
+}  // namespace train
