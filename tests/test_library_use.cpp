@@ -17,7 +17,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <limits>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -215,5 +217,139 @@ TEST_CASE("library_use: bert_example baselines rejects an empty TSV split", "[li
   std::ofstream(files::join(tmp, "val.tsv")) << "world\tart\n";
   CHECK(run("baselines --data .") == 0);
   CHECK(read_text(log).find("'art' = 100.00% of 1 validation texts") != std::string::npos);
+  files::remove_all(tmp);
+}
+
+namespace {
+
+// Runs examples/bert's tool in `dir` with `args`, its output to `log`; the exit code, -1 when it
+// did not exit normally.
+int run_bert_example(const std::string& dir, const std::string& args, const std::string& log) {
+  const std::string example = std::string(TRAIN_BINARY_DIR) + "/bin/bert_example";
+  const std::string command = "cd '" + dir + "' && '" + example + "' " + args + " > '" + log + "' 2>&1";
+  const int status = std::system(command.c_str());
+  return status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// Every entry under dir (recursively): a file's size and a hash of its bytes (readable when a check
+// fails), "<dir>" for a directory.
+std::map<std::string, std::string> snapshot(const std::string& dir, const std::string& prefix = "") {
+  std::map<std::string, std::string> entries;
+  for (const auto& name : files::list_directory(dir)) {
+    const std::string path = files::join(dir, name);
+    if (files::is_directory(path)) {
+      entries[prefix + name] = "<dir>";
+      for (const auto& [sub, bytes] : snapshot(path, prefix + name + "/")) entries[sub] = bytes;
+    } else {
+      const std::string bytes = read_text(path);
+      entries[prefix + name] = std::to_string(bytes.size()) + " bytes, hash " +
+                               std::to_string(std::hash<std::string>()(bytes));
+    }
+  }
+  return entries;
+}
+
+const char* const kSmallVocab = "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nhello\nworld\n";
+
+}  // namespace
+
+// examples/bert/main.cpp: prepare reads and checks every input, --uncased-vocab included, before
+// it writes anything, so bad input leaves an existing OUT as it was.
+TEST_CASE("library_use: bert_example prepare with a missing uncased vocab leaves OUT untouched",
+          "[library_use][process]") {
+  const std::string example = std::string(TRAIN_BINARY_DIR) + "/bin/bert_example";
+  if (!files::is_regular_file(example)) FAIL(example + " is missing (TRAIN_BUILD_EXAMPLES=OFF?)");
+  const std::string tmp = files::make_temp_directory("train_test_bert_prepare_");
+  files::make_directories(files::join(tmp, "fortunes"));
+  for (const std::string category : {"art", "food"}) {
+    std::ofstream corpus(files::join(tmp, "fortunes/" + category));
+    for (int i = 0; i < 12; ++i) corpus << "the " << category << " of fortune number " << i << "\nis here\n%\n";
+  }
+  // An OUT from an earlier run: every file must stay as it is.
+  files::make_directories(files::join(tmp, "out"));
+  for (const std::string name : {"vocab.txt", "train.tokens", "val.tokens", "train.tsv", "val.tsv"}) {
+    std::ofstream(files::join(tmp, "out/" + name)) << "earlier " << name << "\n";
+  }
+  const auto before = snapshot(files::join(tmp, "out"));
+  const std::string log = files::join(tmp, "out.log");
+  const int rc = run_bert_example(tmp, "prepare --fortunes fortunes --out out --uncased-vocab missing/vocab.txt", log);
+  const std::string said = read_text(log);
+  INFO(said);
+  CHECK(rc == 1);
+  CHECK(said.find("missing/vocab.txt") != std::string::npos);
+  CHECK(snapshot(files::join(tmp, "out")) == before);  // no file rewritten, no uncased/, no temporaries
+  CHECK_FALSE(files::exists(files::join(tmp, "out/uncased")));
+
+  // With the vocab there, the same command replaces every file and writes uncased/.
+  std::ofstream(files::join(tmp, "uncased_vocab.txt")) << kSmallVocab;
+  REQUIRE(run_bert_example(tmp, "prepare --fortunes fortunes --out out --uncased-vocab uncased_vocab.txt", log) == 0);
+  const auto after = snapshot(files::join(tmp, "out"));
+  for (const auto& [name, entry] : before) CHECK(after.at(name) != entry);
+  CHECK(read_text(files::join(tmp, "out/uncased/vocab.txt")) == kSmallVocab);
+  CHECK(after.count("uncased/train.tokens") == 1);
+  CHECK(after.size() == before.size() + 4);  // uncased/ and its three files; no temporaries
+  files::remove_all(tmp);
+}
+
+// examples/bert/main.cpp: a token file written with a larger vocabulary than vocab.txt is bad data
+// naming both files (exit 1), not an out-of-range crash inside the count.
+TEST_CASE("library_use: bert_example baselines rejects token files of a larger vocabulary",
+          "[library_use][process]") {
+  const std::string example = std::string(TRAIN_BINARY_DIR) + "/bin/bert_example";
+  if (!files::is_regular_file(example)) FAIL(example + " is missing (TRAIN_BUILD_EXAMPLES=OFF?)");
+  const std::string tmp = files::make_temp_directory("train_test_bert_baselines_vocab_");
+  std::string big = kSmallVocab;
+  for (int i = 7; i < 17; ++i) big += "word" + std::to_string(i) + "\n";
+  big += "zebra\n";  // id 17
+  std::ofstream(files::join(tmp, "big_vocab.txt")) << big;
+  std::ofstream(files::join(tmp, "corpus.txt")) << "hello zebra\nworld zebra\n";
+  std::ofstream(files::join(tmp, "train.tsv")) << "hello\tart\n";
+  std::ofstream(files::join(tmp, "val.tsv")) << "world\tart\n";
+  const std::string log = files::join(tmp, "out.log");
+  REQUIRE(run_bert_example(tmp, "pretokenize --vocab big_vocab.txt --out train.tokens corpus.txt", log) == 0);
+  files::copy_file(files::join(tmp, "train.tokens"), files::join(tmp, "val.tokens"));
+  std::ofstream(files::join(tmp, "vocab.txt")) << kSmallVocab;  // 7 tokens
+  const int rc = run_bert_example(tmp, "baselines --data .", log);
+  const std::string said = read_text(log);
+  INFO(said);
+  CHECK(rc == 1);
+  CHECK(said.find("train.tokens: written with a vocabulary of 18 tokens") != std::string::npos);
+  CHECK(said.find("vocab.txt has 7") != std::string::npos);
+  // With the vocab the files were written with, the same data has a baseline.
+  std::ofstream(files::join(tmp, "vocab.txt")) << big;
+  CHECK(run_bert_example(tmp, "baselines --data .", log) == 0);
+  CHECK(read_text(log).find("'zebra' = 50.00% of 4 validation tokens") != std::string::npos);
+  files::remove_all(tmp);
+}
+
+// examples/bert/main.cpp: pretokenize reads only regular files; a directory is bad input naming
+// it (exit 1, as for a missing file), and the output is not written.
+TEST_CASE("library_use: bert_example pretokenize rejects a directory as TEXT", "[library_use][process]") {
+  const std::string example = std::string(TRAIN_BINARY_DIR) + "/bin/bert_example";
+  if (!files::is_regular_file(example)) FAIL(example + " is missing (TRAIN_BUILD_EXAMPLES=OFF?)");
+  const std::string tmp = files::make_temp_directory("train_test_bert_pretokenize_");
+  std::ofstream(files::join(tmp, "vocab.txt")) << kSmallVocab;
+  std::ofstream(files::join(tmp, "corpus.txt")) << "hello world\n";
+  files::make_directories(files::join(tmp, "big"));
+  std::ofstream(files::join(tmp, "big/part1.txt")) << "hello\n";
+  std::ofstream(files::join(tmp, "kept.tokens")) << "an earlier output\n";
+  const std::string log = files::join(tmp, "out.log");
+  for (const std::string inputs : {"big/", "corpus.txt big/"}) {
+    const auto before = snapshot(tmp, "");
+    for (const std::string out : {"o1.tokens", "kept.tokens"}) {
+      const int rc = run_bert_example(tmp, "pretokenize --vocab vocab.txt --out " + out + " " + inputs, log);
+      const std::string said = read_text(log);
+      INFO(inputs << " -> " << out << ": " << said);
+      CHECK(rc == 1);
+      CHECK(said.find("big/: is a directory") != std::string::npos);
+      auto now = snapshot(tmp, "");
+      now.erase("out.log");
+      auto expected = before;
+      expected.erase("out.log");
+      CHECK(now == expected);  // no o1.tokens, kept.tokens as it was, no temporaries
+    }
+  }
+  CHECK(run_bert_example(tmp, "pretokenize --vocab vocab.txt --out o1.tokens corpus.txt big/part1.txt", log) == 0);
+  CHECK(read_text(log).find("2 documents, 3 tokens") != std::string::npos);
   files::remove_all(tmp);
 }

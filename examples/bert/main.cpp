@@ -10,12 +10,16 @@
 //         train.tsv, val.tsv        text<TAB>category for the topic-classification task
 //         uncased/                  with --uncased-vocab VOCAB: the same split pretokenized with a
 //                                   standard BERT vocab (vocab.txt, train.tokens, val.tokens)
+//       Every input (the corpus, VOCAB) is read and checked before anything is written, and each
+//       output replaces its file atomically: bad input leaves OUT as it was.
 //   bert_example pretokenize --vocab VOCAB --out FILE.tokens [--separator LINE] [--cased] TEXT...
 //       Any corpus: documents are separated by lines equal to LINE (default: every non-empty
-//       line is a document).
+//       line is a document). Each TEXT must be a readable regular file; FILE is written only
+//       when all of them are read.
 //   bert_example baselines [--data DIR]
 //       The baselines the trained models must beat: the most-frequent-token accuracy of MLM on
-//       val.tokens and the majority-class accuracy on val.tsv.
+//       val.tokens and the majority-class accuracy on val.tsv. The token files must have been
+//       written with DIR/vocab.txt (a larger vocabulary in their header is bad data).
 //
 // Exit codes: 0 success, 1 bad data or a runtime failure, 2 bad usage or config (a message names the
 // file).
@@ -25,13 +29,18 @@
 #include <train/text/tsv_dataset.h>
 #include <train/text/wordpiece.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <map>
+#include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -49,12 +58,47 @@ struct Fortune {
   std::string text;  // lines joined by '\n'
 };
 
-std::string read_file(const std::string& path) {
+// Opens a text input: DataError naming the path unless it is a regular file that can be read (a
+// directory reads as empty, and a named pipe would block).
+std::ifstream open_text_file(const std::string& path) {
+  if (const std::string problem = train::files::input_file_problem(path); !problem.empty()) {
+    throw train::DataError(path + ": " + problem + ", expected a text file");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw train::DataError(path + ": cannot open (" + std::strerror(errno) + ")");
+  return in;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in = open_text_file(path);
   std::ostringstream text;
   text << in.rdbuf();
   return text.str();
+}
+
+// Replaces `path` with `text`: a temporary file beside it, synced, then renamed over it, so a
+// reader sees the old file or the new one. train::Error naming the file when a step fails; the
+// file there before, if any, is then unchanged.
+void write_file_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (f == nullptr) throw train::Error("cannot write " + tmp + ": " + std::strerror(errno));
+  bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0 &&
+            ::fsync(::fileno(f)) == 0;
+  int error = ok ? 0 : errno;
+  if (std::fclose(f) != 0 && ok) {
+    ok = false;
+    error = errno;
+  }
+  if (ok && std::rename(tmp.c_str(), path.c_str()) != 0) {
+    ok = false;
+    error = errno;
+  }
+  if (!ok) {
+    std::remove(tmp.c_str());
+    throw train::Error("failed writing " + path + ": " + std::strerror(error) +
+                       "; the file there before, if any, is unchanged");
+  }
 }
 
 // Documents of a text file: separated by lines equal to `separator`, or every non-empty line.
@@ -160,6 +204,10 @@ int prepare(int argc, char** argv) {
   const std::string out = option(a, "--out", "data/fortunes");
   const int64_t vocab_size = int_option(a, "--vocab-size", 8000, 100);
   const int64_t val_every = int_option(a, "--val-every", 10, 2);
+  // Every input is read and checked before anything is written: a failure leaves OUT as it was.
+  if (train::files::exists(out) && !train::files::is_directory(out)) {
+    throw train::UsageError("--out " + out + ": exists and is not a directory");
+  }
   if (!train::files::is_directory(root)) {
     throw train::DataError(root + ": no fortunes corpus here (apt-get install fortunes, or pass --fortunes DIR)");
   }
@@ -173,23 +221,38 @@ int prepare(int argc, char** argv) {
       (static_cast<int64_t>(i % val_every) == val_every - 1 ? val_set : train_set).push_back({name, docs[i]});
   }
   if (train_set.empty()) throw train::DataError(root + ": no fortunes found (expected files of texts separated by '%' lines)");
-  train::files::make_directories(out);
+  // The same split with a standard uncased BERT vocab (bert-base-sized models).
+  std::optional<WordPieceTokenizer> standard;
+  if (a.options.count("--uncased-vocab")) {
+    standard.emplace(WordPieceTokenizer::from_file(a.options.at("--uncased-vocab")));
+  }
 
   train::text::VocabBuilderOptions vb;
   vb.vocab_size = vocab_size;
   train::text::VocabBuilder builder(vb);
   for (const auto& f : train_set) builder.add_text(f.text);
   const train::text::Vocab vocab = builder.build();
-  vocab.save(train::files::join(out, "vocab.txt"));
   const WordPieceTokenizer tok(vocab);
 
-  int64_t tokens = 0;
-  for (const auto& [split, set] : {std::make_pair("train", &train_set), std::make_pair("val", &val_set)}) {
-    train::data::TokenFileWriter writer(train::files::join(out, std::string(split) + ".tokens"), token_file_options(tok));
-    for (const auto& f : *set) writer.add_document(encode_document(tok, f.text));
-    writer.finish();
-    tokens += writer.num_tokens();
-    std::ofstream tsv(train::files::join(out, std::string(split) + ".tsv"), std::ios::binary | std::ios::trunc);
+  // The token files stream into temporaries beside their targets (creating OUT and OUT/uncased)
+  // and are renamed into place by finish(), after everything else has been computed.
+  const std::vector<std::pair<std::string, const std::vector<Fortune>*>> splits = {{"train", &train_set},
+                                                                                   {"val", &val_set}};
+  std::vector<std::unique_ptr<train::data::TokenFileWriter>> token_files;  // per split; then uncased
+  auto pretokenize_splits = [&](const WordPieceTokenizer& t, const std::string& dir) {
+    for (const auto& [split, set] : splits) {
+      token_files.push_back(std::make_unique<train::data::TokenFileWriter>(
+          train::files::join(dir, split + ".tokens"), token_file_options(t)));
+      for (const auto& f : *set) token_files.back()->add_document(encode_document(t, f.text));
+    }
+  };
+  pretokenize_splits(tok, out);
+  const std::string uncased_dir = train::files::join(out, "uncased");
+  if (standard) pretokenize_splits(*standard, uncased_dir);
+  std::vector<std::string> tsv_texts;
+  std::vector<int64_t> tsv_rows;
+  for (const auto& [split, set] : splits) {
+    std::ostringstream tsv;
     int64_t rows = 0;
     for (const auto& f : *set) {
       if (std::find(kCategories.begin(), kCategories.end(), f.category) == kCategories.end()) continue;
@@ -198,23 +261,28 @@ int prepare(int argc, char** argv) {
       tsv << text << '\t' << f.category << '\n';
       ++rows;
     }
-    if (!tsv.flush()) throw train::Error(out + "/" + split + ".tsv: write failed");
-    std::cout << split << ": " << set->size() << " fortunes (" << writer.num_tokens() << " tokens), " << rows
-              << " classification rows\n";
+    tsv_texts.push_back(tsv.str());
+    tsv_rows.push_back(rows);
   }
-  // The same split with a standard uncased BERT vocab (bert-base-sized models).
-  if (a.options.count("--uncased-vocab")) {
-    const std::string dir = train::files::join(out, "uncased");
-    train::files::make_directories(dir);
-    const auto standard = WordPieceTokenizer::from_file(a.options.at("--uncased-vocab"));
-    standard.vocab().save(train::files::join(dir, "vocab.txt"));
-    for (const auto& [split, set] : {std::make_pair("train", &train_set), std::make_pair("val", &val_set)}) {
-      train::data::TokenFileWriter writer(train::files::join(dir, std::string(split) + ".tokens"),
-                                          token_file_options(standard));
-      for (const auto& f : *set) writer.add_document(encode_document(standard, f.text));
-      writer.finish();
-      std::cout << split << " (uncased vocab " << standard.vocab().size() << "): " << writer.num_tokens() << " tokens\n";
-    }
+
+  // Everything is computed: put each file in place, atomically. Only a failing write (a full
+  // disk) can stop this part way, with some of the files replaced.
+  for (const auto& writer : token_files) writer->finish();
+  vocab.save(train::files::join(out, "vocab.txt"));
+  for (size_t i = 0; i < splits.size(); ++i) {
+    write_file_atomically(train::files::join(out, splits[i].first + ".tsv"), tsv_texts[i]);
+  }
+  if (standard) standard->vocab().save(train::files::join(uncased_dir, "vocab.txt"));
+
+  int64_t tokens = 0;
+  for (size_t i = 0; i < splits.size(); ++i) {
+    tokens += token_files[i]->num_tokens();
+    std::cout << splits[i].first << ": " << splits[i].second->size() << " fortunes (" << token_files[i]->num_tokens()
+              << " tokens), " << tsv_rows[i] << " classification rows\n";
+  }
+  for (size_t i = splits.size(); i < token_files.size(); ++i) {
+    std::cout << splits[i - splits.size()].first << " (uncased vocab " << standard->vocab().size()
+              << "): " << token_files[i]->num_tokens() << " tokens\n";
   }
   std::cout << "vocab: " << vocab.size() << " tokens learned from " << builder.distinct_words()
             << " distinct words; " << tokens << " tokens in all; written to " << out << "\n";
@@ -228,6 +296,7 @@ int pretokenize(int argc, char** argv) {
   train::text::WordPieceOptions wp;
   wp.basic.lowercase = !a.options.count("--cased");
   const WordPieceTokenizer tok = WordPieceTokenizer::from_file(a.options.at("--vocab"), wp);
+  for (const auto& path : a.positional) open_text_file(path);  // every input checked before FILE is begun
   train::data::TokenFileWriter writer(a.options.at("--out"), token_file_options(tok));
   for (const auto& path : a.positional)
     for (const auto& doc : split_documents(read_file(path), option(a, "--separator", "")))
@@ -242,10 +311,17 @@ int baselines(int argc, char** argv) {
   const std::string dir = option(a, "--data", "data/fortunes");
   // MLM: masked positions are drawn uniformly from the non-special tokens, so always guessing the
   // training set's most frequent token scores its share of the validation set's tokens.
-  const auto vocab = train::text::Vocab::load(train::files::join(dir, "vocab.txt"));
+  const std::string vocab_path = train::files::join(dir, "vocab.txt");
+  const auto vocab = train::text::Vocab::load(vocab_path);
   auto is_special = [&](int64_t id) { return vocab.token(id).size() > 2 && vocab.token(id)[0] == '['; };
   auto counts = [&](const std::string& name) {
     train::data::TokenFile file(train::files::join(dir, name));
+    // Every id read is below the header's vocab_size (TokenFile checks); vocab.txt must cover them.
+    if (file.vocab_size() > vocab.size()) {
+      throw train::DataError(file.path() + ": written with a vocabulary of " + std::to_string(file.vocab_size()) +
+                             " tokens, but " + vocab_path + " has " + std::to_string(vocab.size()) +
+                             " (pretokenize the corpus with that vocab)");
+    }
     std::vector<int64_t> c(static_cast<size_t>(vocab.size()), 0);
     for (int64_t i = 0; i < file.num_tokens(); ++i) {
       const int64_t id = file.token(i);

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "atomic_file.h"
 #include "train/errors.h"
 #include "train/files.h"
 
@@ -278,11 +279,9 @@ Vocab Vocab::load(const std::string& path) {
 }
 
 void Vocab::save(const std::string& path) const {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) throw Error(path + ": cannot write vocab file (" + std::strerror(errno) + ")");
-  for (const auto& token : tokens_) out << token << '\n';
-  out.flush();
-  if (!out) throw Error(path + ": error writing vocab file");
+  std::string text;
+  for (const auto& token : tokens_) text.append(token).push_back('\n');
+  detail::write_text_atomically(path, text);
 }
 
 // ---- WordPiece ---------------------------------------------------------------------------------

@@ -53,7 +53,9 @@ class Vocab {
   // Reads vocab.txt: one token per line ("\r\n" accepted). Throws train::DataError naming the
   // file (and line) when it cannot be read, is empty, has an empty line or repeats a token.
   static Vocab load(const std::string& path);
-  // Writes one token per line. Throws train::Error naming the file on failure.
+  // Writes one token per line, atomically (a temporary file renamed over `path`: a reader sees the
+  // old file or the new one). Throws train::Error naming the file on failure; the file there
+  // before, if any, is then unchanged.
   void save(const std::string& path) const;
 
   int64_t size() const { return static_cast<int64_t>(tokens_.size()); }
