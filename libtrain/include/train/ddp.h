@@ -42,6 +42,8 @@ struct GradSyncStats {
 
 class GradSync {
  public:
+  // Keeps a reference to `model` and hooks on its parameters' gradients: the model must outlive
+  // this object (the destructor removes the hooks).
   GradSync(torch::nn::Module& model, GroupPtr group, GradSyncOptions options = {});
   ~GradSync();
   GradSync(const GradSync&) = delete;
