@@ -38,7 +38,9 @@ struct DeviceProfile {
   std::string cpu_isa;            // e.g. "avx512f avx2"; "" when unknown
   std::string blas;               // BLAS library LibTorch calls on CPU
   std::string torch_version;
-  std::string cuda_version;       // CUDA runtime LibTorch was built with ("" for CPU builds)
+  // CUDA toolkit train was compiled against (CUDA_VERSION; "" for CPU builds). LibTorch 2.x has no
+  // call for its own build's CUDA version; `train doctor` shows both sides' labels.
+  std::string cuda_version;
 
   // Peak throughput (TFLOP/s) and memory bandwidth (GB/s); 0 = unsupported or unknown. For a GPU
   // they come from the table entry `spec_key`; for a CPU only a rough fp32 peak is estimated.
