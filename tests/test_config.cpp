@@ -118,7 +118,6 @@ Config unusual_config() {
   c.data.crop_padding = 4;
   c.data.random_flip = true;
   c.data.shuffle = false;
-  c.data.drop_last = false;
   c.data.workers = 3;
   c.data.prefetch = 1;
   c.optim.name = "adamw";
@@ -416,6 +415,12 @@ TEST_CASE("rules across keys are checked", "[config]") {
     CHECK_THAT(config_error(kModelAndTrainer),
                Contains("test.yaml: key 'data.root': required when data.kind is 'idx'"));
     CHECK_NOTHROW(parse_config("data: {kind: synthetic}\n" + kModelAndTrainer, "test.yaml"));
+  }
+  SECTION("drop_last false is refused, not ignored") {
+    CHECK_THAT(config_error("data:\n  kind: synthetic\n  drop_last: false\n" + kModelAndTrainer),
+               Contains("test.yaml:3:14: key 'data.drop_last': false is not supported: every optimizer step takes "
+                        "exactly trainer.global_batch samples"));
+    CHECK_NOTHROW(parse_config("data: {kind: synthetic, drop_last: true}\n" + kModelAndTrainer, "test.yaml"));
   }
   SECTION("nesterov needs momentum") {
     CHECK_THAT(config_error("optim:\n  name: sgd\n  momentum: 0\n  nesterov: true\n" + kRequired),

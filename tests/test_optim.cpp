@@ -301,6 +301,68 @@ TEST_CASE("optim: a checkpoint's optimizer state takes its parameter's layout an
   files::remove_all(dir);
 }
 
+TEST_CASE("checkpoint: counters outside their range and non-dense or complex weights are refused naming the file",
+          "[optim][checkpoint]") {
+  // Structurally valid files with values train never writes: a negative step gave a negative
+  // learning rate, a huge loader position overflowed, a sparse weight escaped as a LibTorch error.
+  const std::string dir = files::make_temp_directory("train_checkpoint_ranges_");
+  Net net;
+  const std::string path = files::join(dir, "c.pt");
+  for (const auto& [field, value] : std::vector<std::pair<std::string, int64_t>>{
+           {"step", -3}, {"epoch", -1}, {"batch_in_epoch", int64_t{1} << 62}, {"samples_seen", -8}}) {
+    INFO(field << " = " << value);
+    TrainState state;
+    if (field == "step") state.step = value;
+    if (field == "epoch") state.epoch = value;
+    if (field == "batch_in_epoch") state.batch_in_epoch = value;
+    if (field == "samples_seen") state.samples_seen = value;
+    save_checkpoint(path, net, nullptr, state);
+    Net into;
+    CHECK_THROWS_WITH(load_checkpoint(path, into, nullptr),
+                      Catch::Contains(path + ": '" + field + "' is " + std::to_string(value) + ", outside 0.."));
+  }
+  TrainState fine;
+  fine.step = 12;
+  save_checkpoint(path, net, nullptr, fine);
+  Net into;
+  CHECK(load_checkpoint(path, into, nullptr).step == 12);
+
+  // A complex tensor where the model has a real one (copy_ kept the real part with a warning).
+  Net complex_net;
+  {
+    torch::NoGradGuard no_grad;
+    auto& conv = complex_net.conv;
+    conv.set_data(torch::complex(conv.detach(), torch::zeros_like(conv)));
+  }
+  save_checkpoint(path, complex_net, nullptr, fine);
+  CHECK_THROWS_WITH(load_checkpoint(path, into, nullptr), Catch::Contains(path + ": model entry '") &&
+                                                              Catch::Contains("tensor, the model expects Float"));
+  files::remove_all(dir);
+}
+
+TEST_CASE("checkpoint: optimizer state from another optimizer names the one that wrote it", "[optim][checkpoint]") {
+  const std::string dir = files::make_temp_directory("train_checkpoint_other_optim_");
+  const Config written = parse_config("model: {name: m}\ndata: {kind: synthetic}\noptim: {name: adamw, impl: loop}\n"
+                                      "trainer: {global_batch: 1, epochs: 1}\n", "run.yaml");
+  Net net;
+  const auto adamw = make_optimizer(written.optim, net, 0.1);
+  run_steps(*adamw, net, 0, 2);
+  TrainState state;
+  state.config_yaml = to_yaml(written);
+  const std::string path = files::join(dir, "adamw.pt");
+  save_checkpoint(path, net, adamw.get(), state);
+  OptimConfig sgd_config;
+  sgd_config.name = "sgd";
+  sgd_config.momentum = 0.9;
+  sgd_config.impl = "loop";
+  Net into;
+  const auto sgd = make_optimizer(sgd_config, into, 0.1);
+  CHECK_THROWS_WITH(load_checkpoint(path, into, sgd.get()),
+                    Catch::Contains(path + ": optimizer state does not match this optimizer (it was written with "
+                                           "optim.name adamw, optim.impl loop;"));
+  files::remove_all(dir);
+}
+
 TEST_CASE("optim: a checkpoint restores the optimizer's state, the config its hyperparameters", "[optim]") {
   // LibTorch's Optimizer::load also restores each group's options; a resume with another
   // weight decay, momentum or betas must run with the config's, as the run directory records.

@@ -200,6 +200,17 @@ TEST_CASE("GradScaler: state() and load_state() round trip", "[amp][scaler]") {
     GradScaler second(scaler_options(1.0, 3));
     CHECK_THROWS_AS(second.load_state({}), std::invalid_argument);
   }
+  SECTION("a scale of 0, below 0 or not finite, or a negative tracker, is rejected: it would skip every step") {
+    GradScaler second(scaler_options(1.0, 3));
+    const double inf = std::numeric_limits<double>::infinity();
+    for (const auto& [scale, tracker] : std::vector<std::pair<double, int64_t>>{{0.0, 0}, {-1.0, 5}, {inf, 0}, {8.0, -1}}) {
+      INFO(scale << " " << tracker);
+      const std::map<std::string, torch::Tensor> bad = {
+          {"scaler/scale", torch::full({}, scale, torch::kFloat)},
+          {"scaler/growth_tracker", torch::full({}, tracker, torch::kInt)}};
+      CHECK_THROWS_WITH(second.load_state(bad), Catch::Contains("are not a scaler's state"));
+    }
+  }
 }
 
 TEST_CASE("GradScaler: the CPU fallback matches the ATen kernels bit for bit", "[amp][scaler]") {

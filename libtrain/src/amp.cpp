@@ -217,8 +217,15 @@ void GradScaler::load_state(const std::map<std::string, torch::Tensor>& state) {
     throw std::invalid_argument(
         "GradScaler::load_state: no scaler/scale or scaler/growth_tracker entry (saved with a disabled scaler?)");
   }
-  init_scale_ = scale->second.item<double>();
-  init_growth_tracker_ = tracker->second.item<int64_t>();
+  const double value = scale->second.item<double>();
+  const int64_t growth = tracker->second.item<int64_t>();
+  // A scale of 0 or inf would skip every step from then on, silently.
+  if (!std::isfinite(value) || value <= 0 || growth < 0) {
+    throw std::invalid_argument("GradScaler::load_state: scale " + std::to_string(value) + " and growth tracker " +
+                                std::to_string(growth) + " are not a scaler's state (a finite scale > 0, a tracker >= 0)");
+  }
+  init_scale_ = value;
+  init_growth_tracker_ = growth;
   if (scale_.defined()) {
     scale_.fill_(init_scale_);
     growth_tracker_.fill_(init_growth_tracker_);

@@ -15,6 +15,7 @@
 #include "atomic_file.h"
 #include "checkpoint_name.h"
 #include "compat.h"
+#include "train/config.h"
 #include "train/errors.h"
 #include "train/files.h"
 #include "train/log.h"
@@ -53,6 +54,14 @@ void read_model(torch::serialize::InputArchive& archive, torch::nn::Module& mode
     if (stored.sizes() != tensor.sizes()) {
       throw CheckpointError(path + ": model entry '" + name + "' has shape " + shape_str(stored) +
                             ", the model expects " + shape_str(tensor));
+    }
+    // copy_ would throw a LibTorch error for a sparse entry, and drop a complex one's imaginary
+    // part with only a warning.
+    if (stored.layout() != torch::kStrided || stored.is_complex() != tensor.is_complex() ||
+        stored.is_floating_point() != tensor.is_floating_point()) {
+      throw CheckpointError(path + ": model entry '" + name + "' is a " + std::string(c10::toString(stored.scalar_type())) +
+                            (stored.layout() != torch::kStrided ? " sparse" : "") + " tensor, the model expects " +
+                            c10::toString(tensor.scalar_type()));
     }
     tensor.copy_(stored);
   }
@@ -367,6 +376,9 @@ TrainState load_checkpoint(const std::string& path, torch::nn::Module& model, to
     std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> configured;
     for (const auto& group : optimizer->param_groups()) configured.push_back(group.options().clone());
     try {
+      // LibTorch's load only assigns the state the archive has: a parameter first stepped after
+      // the checkpoint would keep its newer moments through a rollback.
+      optimizer->state().clear();
       optimizer->load(opt);
       for (size_t i = 0; i < configured.size() && i < optimizer->param_groups().size(); ++i) {
         optimizer->param_groups()[i].set_options(std::move(configured[i]));
@@ -376,7 +388,20 @@ TrainState load_checkpoint(const std::string& path, torch::nn::Module& model, to
       throw CheckpointError(path + ": optimizer state does not match this model: " + e.what());
     } catch (const c10::Error& e) {
       std::string what = e.what_without_backtrace();
-      throw CheckpointError(path + ": optimizer state does not match this optimizer: " +
+      // LibTorch's message is an internal assertion; the config the checkpoint carries says which
+      // optimizer wrote it.
+      std::string written_by;
+      c10::IValue saved;
+      if (archive.try_read("config", saved) && saved.isString()) {
+        try {
+          const Config config = parse_config(saved.toStringRef(), path);
+          written_by = " (it was written with optim.name " + config.optim.name + ", optim.impl " + config.optim.impl +
+                       "; resume with that optimizer, or start from its weights alone with model.init_from: " +
+                       path + ")";
+        } catch (const std::exception&) {
+        }
+      }
+      throw CheckpointError(path + ": optimizer state does not match this optimizer" + written_by + ": " +
                             what.substr(0, what.find('\n')));
     }
   }
@@ -385,6 +410,19 @@ TrainState load_checkpoint(const std::string& path, torch::nn::Module& model, to
   state.epoch = read_int(archive, "epoch", path);
   state.batch_in_epoch = read_int(archive, "batch_in_epoch", path);
   state.samples_seen = read_int(archive, "samples_seen", path);
+  // The counters drive the LR schedule and the loader's position: a negative step would give a
+  // negative learning rate, a huge position would overflow. The format writes none of these.
+  const std::pair<const char*, int64_t> counters[] = {{"step", state.step},
+                                                      {"epoch", state.epoch},
+                                                      {"batch_in_epoch", state.batch_in_epoch},
+                                                      {"samples_seen", state.samples_seen}};
+  for (const auto& [name, value] : counters) {
+    const int64_t limit = std::string(name) == "samples_seen" ? (int64_t{1} << 62) : limits::kMaxSteps;
+    if (value < 0 || value > limit) {
+      throw CheckpointError(path + ": '" + name + "' is " + std::to_string(value) + ", outside 0.." +
+                            std::to_string(limit) + "; the file is corrupt or was not written by train");
+    }
+  }
   c10::IValue config;
   if (archive.try_read("config", config) && config.isString()) state.config_yaml = config.toStringRef();
   torch::serialize::InputArchive extra;

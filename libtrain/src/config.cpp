@@ -282,7 +282,10 @@ std::vector<Key> build_schema() {
       data("crop_padding", &D::crop_padding, "padding in pixels for random_crop").at_least(0).at_most(limits::kMaxImageSize),
       data("random_flip", &D::random_flip, "random horizontal flip with p = 0.5"),
       data("shuffle", &D::shuffle, "shuffle the training set every epoch"),
-      data("drop_last", &D::drop_last, "drop the last incomplete training batch of an epoch"),
+      data("drop_last", &D::drop_last,
+           "drop the last incomplete training batch of an epoch; true is the only value: every optimizer step "
+           "takes exactly trainer.global_batch samples, and the epoch-seeded shuffle drops other samples each "
+           "epoch (evaluation always covers every sample)"),
       data("workers", &D::workers,
            "loader worker threads; -1 = let the plan decide, and add workers while the training step waits for "
            "data (more than 5% of a logging window)")
@@ -1156,6 +1159,13 @@ Config ConfigBuilder::validated() const {
   }
 
   const DataConfig& data = config_.data;
+  if (!data.drop_last) {
+    // Accepted and ignored, it would lose the same samples with no word.
+    fail(where_set("data.drop_last"), "data.drop_last",
+         "false is not supported: every optimizer step takes exactly trainer.global_batch samples, so the last "
+         "incomplete batch of an epoch is dropped (other samples each epoch: the order is shuffled per epoch); "
+         "remove the key, or pick a global batch that divides the training set");
+  }
   if (data.mean.size() != data.std.size()) {
     const std::string path = set_at_.count("data.std") ? blame("data.std", "data.mean") : "data.mean";
     fail(where_set(path), path,

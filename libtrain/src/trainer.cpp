@@ -179,7 +179,8 @@ struct Trainer::Impl {
   std::set<std::pair<int64_t, int64_t>> bad_steps;
   int64_t rollbacks = 0;
   int64_t oom_recoveries = 0;
-  int64_t scaler_skipped_nonfinite = 0;  // loss scaling: steps with a non-finite loss, skipped by the scaler
+  int64_t scaler_nonfinite_loss = 0;  // loss scaling: steps with a non-finite loss (left out of the loss windows)
+  int64_t scaler_skipped = 0;         // loss scaling: steps the scaler skipped for inf/NaN gradients
   int64_t nonfinite_loss_streak = 0;     // loss scaling: consecutive steps whose loss was non-finite
   double retired_wait = 0;     // wait_seconds() of loaders replaced after an out-of-memory error
   // data.on_error skip: the (epoch, index) of samples replaced, from loaders replaced after an
@@ -964,12 +965,14 @@ FitResult Trainer::fit(const std::string& resume) {
     }
     const double lr = schedule.at(s.step);
     set_learning_rate(*s.optimizer, lr);
-    s.scaler->step(*s.optimizer);  // skips the step when a gradient is inf/NaN (loss scaling only)
+    // Skips the step when a gradient is inf/NaN (loss scaling only); the schedule and the step
+    // count go on, as with torch.amp.GradScaler.
+    if (!s.scaler->step(*s.optimizer)) ++s.scaler_skipped;
     s.scaler->update();
     ++s.step;
     s.samples_seen += s.plan.global_batch;
     if (nonfinite) {
-      ++s.scaler_skipped_nonfinite;  // loss scaling: the scaler skipped this one
+      ++s.scaler_nonfinite_loss;
     } else if (token_targets) {
       window_loss += step_loss_sum;
       window_loss_weight += static_cast<double>(step_targets);
@@ -1081,10 +1084,19 @@ FitResult Trainer::fit(const std::string& resume) {
       log::warn(log::str("distributed: parameters of ", result.diverged_ranks, " rank(s) differ from rank 0's"));
     }
   }
-  if (s.scaler_skipped_nonfinite > 0) {
-    log::warn(log::str("loss scaling: ", s.scaler_skipped_nonfinite,
-                       " step(s) had a non-finite loss and were skipped by the scaler"));
+  if (s.scaler_skipped > 0 || s.scaler_nonfinite_loss > 0) {
+    // A few skips while the scale comes down from 2^16 are how dynamic scaling works; many, or a
+    // non-finite loss, are worth a look.
+    const std::string text = log::str("loss scaling: the scaler skipped ", s.scaler_skipped, " of ",
+                                      s.step - first_step, " step(s) for inf/NaN gradients; ",
+                                      s.scaler_nonfinite_loss, " had a non-finite loss, left out of the logged loss");
+    if (s.scaler_nonfinite_loss > 0 || s.scaler_skipped * 20 > s.step - first_step) {
+      log::warn(text);
+    } else {
+      log::info(text);
+    }
   }
+  result.scaler_skipped_steps = s.scaler_skipped;
   result.oom_recoveries = s.oom_recoveries;
   result.rollbacks = s.rollbacks;
   if (s.loader_skipped() > 0) {

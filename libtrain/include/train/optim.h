@@ -36,7 +36,8 @@ void place_state_like_params(torch::optim::Optimizer& optimizer);
 
 void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);
 
-// Linear warmup from 0 to the peak, then constant, cosine (to min_lr_ratio x peak) or step
+// Linear warmup over W steps (step k < W gets peak x (k + 1) / W: the first step already moves,
+// the last warmup step reaches the peak), then constant, cosine (to min_lr_ratio x peak) or step
 // decay (x gamma at each milestone, given as fractions of the total steps). Pure function of
 // the step, so a resumed run gets the same LR without saving schedule state.
 class LrSchedule {

@@ -37,6 +37,7 @@ struct FitResult {
   int64_t diverged_ranks = 0;
   double allreduce_wait_seconds = 0;
   int64_t oom_recoveries = 0;    // steps redone with a halved micro-batch after running out of memory
+  int64_t scaler_skipped_steps = 0;  // loss scaling: steps of this call skipped for inf/NaN gradients
   int64_t rollbacks = 0;         // trainer.on_nonfinite rollback: reloads of the newest checkpoint
 };
 

@@ -13,7 +13,10 @@
 // Masking (BERT's recipe), in the loader's workers, drawn only from the per-sample seed that
 // Dataset::get receives, so a sample is the same for any worker count: of the positions whose
 // token is not special, round(mask_prob x count) are selected (stochastic rounding, so the
-// expected share is exactly mask_prob; at least one when there is any); each selected token
+// expected share is mask_prob), but at least one when there is any, so that every sample has a
+// target: a sample with fewer than 1 / mask_prob such tokens (under 7 at 15 %; short documents
+// with pack: false) is masked above mask_prob, where Hugging Face's collator, drawing each token
+// independently, may select none; each selected token
 // becomes [MASK] with p = mask_token_prob, a uniformly drawn non-special token with
 // p = random_token_prob, and stays unchanged otherwise.
 //
