@@ -3,6 +3,7 @@
 #include "testing.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -284,6 +285,18 @@ TEST_CASE("Truncated and corrupt token files are errors naming the file", "[data
              Contains(bad) && Contains("token 200 at position 4 is outside the vocabulary [0, 30)"));
   TokenDataset dataset(dataset_options(bad, 6));
   CHECK_THAT(data_error([&] { dataset.get(1, 0); }), Contains(bad) && Contains("token 200"));
+
+  // Truncated after it was opened (rewritten in place while a run reads it): an error naming the
+  // file, where the mapping it was read through killed the process with SIGBUS.
+  const std::string moving = dir / "moving.tokens";
+  write_token_file(moving, kSmallCorpus, small_vocab());
+  const TokenFile opened(moving);
+  TokenDataset reading(dataset_options(moving, 6));
+  REQUIRE(::truncate(moving.c_str(), 0) == 0);
+  CHECK_THAT(data_error([&] { opened.token(4); }), Contains(moving) && Contains("shorter than when it was opened"));
+  CHECK_THAT(data_error([&] { opened.document_offset(2); }), Contains("shorter than when it was opened"));
+  CHECK_THAT(data_error([&] { opened.verify(); }), Contains("shorter than when it was opened"));
+  CHECK_THAT(data_error([&] { reading.get(1, 0); }), Contains(moving) && Contains("shorter than when it was opened"));
 }
 
 TEST_CASE("Vocab files give the size, the special ids and the bracketed tokens", "[data][tokens]") {

@@ -225,39 +225,43 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
     throw DataError(path + ": truncated token file: " + found + ", shorter than the " +
                     std::to_string(kTokenFileHeaderBytes) + "-byte header");
   }
+  // Mapped only while the header and the index are validated: a mapping read after the file
+  // was truncated (rewritten in place while a run reads it) faults with SIGBUS, which no error
+  // handling survives. Samples are read with pread (read, document_offset), where a short read is
+  // a DataError naming the file.
   void* mapped = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);
   const int mmap_errno = errno;
-  ::close(fd);  // the mapping keeps the file open
   if (mapped == MAP_FAILED) {
+    ::close(fd);
     throw DataError(path + ": cannot map token file: " + std::strerror(mmap_errno));
   }
-  data_ = static_cast<const uint8_t*>(mapped);
+  const auto* data = static_cast<const uint8_t*>(mapped);
 
-  // Everything below throws through here, so the mapping is released on every error.
+  // Everything below throws through here, so the mapping and the file are released on every error.
   try {
     auto fail = [&](const std::string& problem) { throw DataError(path + ": " + problem); };
-    if (std::memcmp(data_, kTokenFileMagic, sizeof kTokenFileMagic) != 0) {
+    if (std::memcmp(data, kTokenFileMagic, sizeof kTokenFileMagic) != 0) {
       fail("not a token file (bad magic; expected \"TRAINTOK\")");
     }
     if (size_ < static_cast<size_t>(kTokenFileHeaderBytes)) {
       fail("truncated token file: " + found + ", shorter than the " +
            std::to_string(kTokenFileHeaderBytes) + "-byte header");
     }
-    const uint64_t version = get_le(data_ + 8, 4);
+    const uint64_t version = get_le(data + 8, 4);
     if (version != kTokenFileVersion) {
       fail("unsupported token file version " + std::to_string(version) + " (this reader reads version " +
            std::to_string(kTokenFileVersion) + ")");
     }
-    const uint64_t token_bytes = get_le(data_ + 12, 4);
+    const uint64_t token_bytes = get_le(data + 12, 4);
     if (token_bytes != 2 && token_bytes != 4) {
       fail("token size " + std::to_string(token_bytes) + " bytes in the header (expected 2 or 4)");
     }
     token_bytes_ = static_cast<int>(token_bytes);
-    const uint64_t num_tokens = get_le(data_ + 16, 8);
-    const uint64_t num_documents = get_le(data_ + 24, 8);
-    const uint64_t vocab_size = get_le(data_ + 32, 8);
-    const uint64_t index_offset = get_le(data_ + 40, 8);
-    checksum_ = get_le(data_ + 48, 8);
+    const uint64_t num_tokens = get_le(data + 16, 8);
+    const uint64_t num_documents = get_le(data + 24, 8);
+    const uint64_t vocab_size = get_le(data + 32, 8);
+    const uint64_t index_offset = get_le(data + 40, 8);
+    checksum_ = get_le(data + 48, 8);
     if (vocab_size < 1 || vocab_size > (uint64_t{1} << (8 * token_bytes))) {
       fail("vocab_size " + std::to_string(vocab_size) + " in the header does not fit " +
            std::to_string(token_bytes) + "-byte tokens");
@@ -285,14 +289,14 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
     vocab_size_ = static_cast<int64_t>(vocab_size);
     index_offset_ = static_cast<int64_t>(index_offset);
     for (size_t i = 0; i < std::size(kSpecialFields); ++i) {
-      const int64_t id = decode_id(static_cast<uint32_t>(get_le(data_ + 56 + 4 * i, 4)));
+      const int64_t id = decode_id(static_cast<uint32_t>(get_le(data + 56 + 4 * i, 4)));
       if (id >= vocab_size_) {
         fail(std::string("special id ") + kSpecialFields[i].name + " = " + std::to_string(id) +
              " in the header is outside the vocabulary [0, " + std::to_string(vocab_size_) + ")");
       }
       special_.*(kSpecialFields[i].field) = id;
     }
-    const uint8_t* offsets = data_ + index_offset_;
+    const uint8_t* offsets = data + index_offset_;
     if (get_le(offsets, 8) != 0) fail("corrupt index: offsets[0] is not 0");
     uint64_t previous = 0;
     for (uint64_t d = 1; d <= num_documents; ++d) {
@@ -309,14 +313,31 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
            std::to_string(num_tokens) + " tokens the header declares");
     }
   } catch (...) {
-    ::munmap(const_cast<uint8_t*>(data_), size_);
-    data_ = nullptr;
+    ::munmap(mapped, size_);
+    ::close(fd);
     throw;
   }
+  ::munmap(mapped, size_);
+  fd_ = fd;
 }
 
 TokenFile::~TokenFile() {
-  if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void TokenFile::read_at(uint64_t offset, uint8_t* out, size_t bytes) const {
+  size_t done = 0;
+  while (done < bytes) {
+    const ssize_t n = ::pread(fd_, out + done, bytes - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      throw DataError(path_ + ": cannot read " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) +
+                      (n < 0 ? std::string(": ") + std::strerror(errno)
+                             : std::string(": the file is shorter than when it was opened (rewritten in place while "
+                                           "a run reads it? write a new file and rename it over the old one)")));
+    }
+    done += static_cast<size_t>(n);
+  }
 }
 
 int64_t TokenFile::token(int64_t position) const {
@@ -330,7 +351,11 @@ void TokenFile::read(int64_t begin, int64_t count, int64_t* out) const {
     throw std::out_of_range(path_ + ": tokens [" + std::to_string(begin) + ", " + std::to_string(begin + count) +
                             ") out of range [0, " + std::to_string(num_tokens_) + ")");
   }
-  const uint8_t* in = data_ + kTokenFileHeaderBytes + begin * token_bytes_;
+  // One read per call, into a buffer each worker thread keeps.
+  thread_local std::vector<uint8_t> buffer;
+  buffer.resize(static_cast<size_t>(count * token_bytes_));
+  read_at(static_cast<uint64_t>(kTokenFileHeaderBytes + begin * token_bytes_), buffer.data(), buffer.size());
+  const uint8_t* in = buffer.data();
   for (int64_t i = 0; i < count; ++i, in += token_bytes_) {
     const auto value = static_cast<int64_t>(token_bytes_ == 2 ? get_le(in, 2) : get_le(in, 4));
     if (value >= vocab_size_) {
@@ -348,12 +373,20 @@ int64_t TokenFile::document_offset(int64_t d) const {
     throw std::out_of_range(path_ + ": document offset " + std::to_string(d) + " out of range [0, " +
                             std::to_string(num_documents_) + "]");
   }
-  return static_cast<int64_t>(get_le(data_ + index_offset_ + 8 * d, 8));
+  uint8_t bytes[8];
+  read_at(static_cast<uint64_t>(index_offset_ + 8 * d), bytes, sizeof bytes);
+  return static_cast<int64_t>(get_le(bytes, 8));
 }
 
 void TokenFile::verify() const {
-  const uint64_t actual =
-      fnv1a(kFnvOffsetBasis, data_ + kTokenFileHeaderBytes, size_ - static_cast<size_t>(kTokenFileHeaderBytes));
+  uint64_t actual = kFnvOffsetBasis;
+  std::vector<uint8_t> chunk(size_t{1} << 20);
+  for (auto at = static_cast<size_t>(kTokenFileHeaderBytes); at < size_;) {
+    const size_t n = std::min(chunk.size(), size_ - at);
+    read_at(at, chunk.data(), n);
+    actual = fnv1a(actual, chunk.data(), n);
+    at += n;
+  }
   if (actual != checksum_) {
     std::ostringstream message;
     message << path_ << ": checksum mismatch (header 0x" << std::hex << checksum_ << ", content 0x" << actual

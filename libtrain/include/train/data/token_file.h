@@ -1,6 +1,6 @@
 #pragma once
 // The token file: a corpus of tokenized documents for language-model training, written once by a
-// pretokenizer and memory-mapped read-only by every loader worker.
+// pretokenizer and read (pread) by every loader worker.
 //
 // Format, version 1. One file (conventionally NAME.tokens); every integer is little-endian.
 //
@@ -114,11 +114,12 @@ class TokenFileWriter {
 void write_token_file(const std::string& path, const std::vector<std::vector<int64_t>>& documents,
                       const TokenFileOptions& options);
 
-// A token file mapped read-only into memory (mmap). All accessors are const and safe to call from
-// any number of threads at once; the mapping is shared by them and released by the destructor.
+// A token file, validated whole when opened and read with pread after that (a mapping would kill
+// the process with SIGBUS if the file were truncated under it). All accessors are const and safe
+// to call from any number of threads at once; the descriptor is closed by the destructor.
 class TokenFile {
  public:
-  // Opens, maps and validates; DataError naming the file on any problem (missing, unreadable,
+  // Opens and validates; DataError naming the file on any problem (missing, unreadable,
   // truncated, trailing data, bad magic, unsupported version or token size, inconsistent counts,
   // offsets out of order).
   explicit TokenFile(const std::string& path);
@@ -147,8 +148,11 @@ class TokenFile {
   void verify() const;
 
  private:
+  // Reads exactly `bytes` at `offset`; DataError naming the file when it has become shorter.
+  void read_at(uint64_t offset, uint8_t* out, size_t bytes) const;
+
   std::string path_;
-  const uint8_t* data_ = nullptr;
+  int fd_ = -1;
   size_t size_ = 0;
   int token_bytes_ = 0;
   int64_t num_tokens_ = 0;
