@@ -1,14 +1,21 @@
-# Link hygiene of train's binaries, with readelf (cmake -P; a CTest test, tests/CMakeLists.txt,
+# Link hygiene of train's binaries, with readelf and nm (cmake -P; a CTest test, tests/CMakeLists.txt,
 # and the install-tree check in tests/downstream/run.cmake):
 #   -DRUNPATH_FILES=a|b|...  every RUNPATH / RPATH entry of these ELF files must be an existing
 #                            directory, absolute or under $ORIGIN: no empty entry (which the loader
 #                            reads as the current directory), no relative one (the same, below it),
 #                            no directory that is not there (such as /lib/intel64).
 #                            cmake/TrainRunpath.cmake sets them.
-#   -DREADELF=...            the tool (default: readelf on PATH)
+#   -DEXPORTS_LIB=libtrain.so   its dynamic symbol table defines train's API only: nothing of the
+#                            header-only libraries compiled into it (CLI11, nlohmann::json, fmt,
+#                            yaml-cpp, spdlog) or of std:: and LibTorch template instantiations,
+#                            and it does define train's classes' typeinfo. libtrain/exports.map.
+#   -DREADELF=... -DNM=...   the tools (default: readelf, nm on PATH)
 cmake_minimum_required(VERSION 3.21)
 if(NOT READELF)
   find_program(READELF readelf REQUIRED)
+endif()
+if(NOT NM)
+  find_program(NM nm REQUIRED)
 endif()
 set(failures "")
 
@@ -59,6 +66,63 @@ foreach(file IN LISTS RUNPATH_FILES)
   endif()
   message(STATUS "${file}:${shown}")
 endforeach()
+
+if(EXPORTS_LIB)
+  execute_process(COMMAND ${NM} -D -p --defined-only "${EXPORTS_LIB}" RESULT_VARIABLE rc OUTPUT_VARIABLE raw ERROR_VARIABLE err)
+  execute_process(COMMAND ${NM} -DC -p --defined-only "${EXPORTS_LIB}" OUTPUT_VARIABLE demangled)
+  if(NOT rc EQUAL 0)
+    string(APPEND failures "${EXPORTS_LIB}: nm -D failed (${rc}): ${err}\n")
+  else()
+    # nm's lines, mangled and demangled, in the same order: "address type name".
+    string(REGEX REPLACE "\n$" "" raw "${raw}")
+    string(REGEX REPLACE "\n$" "" demangled "${demangled}")
+    string(REPLACE ";" "\\;" raw "${raw}")
+    string(REPLACE ";" "\\;" demangled "${demangled}")
+    string(REPLACE "\n" ";" raw "${raw}")
+    string(REPLACE "\n" ";" demangled "${demangled}")
+    list(LENGTH raw count)
+    # Namespace train, after the prefixes of a nested name (N, K/R/O for qualified members),
+    # of a local entity (Z), of typeinfo, vtables, VTTs, thunks and guard variables.
+    set(train_owned "^_Z(T[ISVTCHW]P?K?|T[hvc][^N]*_|GV|GR)?Z?N[KRO]*5train")
+    set(bundled "^((typeinfo name|typeinfo|vtable|VTT|guard variable|construction vtable) for |(non-virtual |virtual )?thunk to )?(CLI|nlohmann|fmt|YAML|spdlog)::")
+    set(bundled_count 0)
+    set(foreign "")
+    set(foreign_count 0)
+    set(i 0)
+    while(i LESS count)
+      list(GET raw ${i} line)
+      list(GET demangled ${i} pretty)
+      math(EXPR i "${i} + 1")
+      string(REGEX REPLACE "^[0-9a-fA-F]* *[A-Za-z] " "" name "${line}")
+      string(REGEX REPLACE "^[0-9a-fA-F]* *[A-Za-z] " "" pretty "${pretty}")
+      if(pretty MATCHES "${bundled}")
+        math(EXPR bundled_count "${bundled_count} + 1")
+      endif()
+      if(NOT name MATCHES "${train_owned}")
+        math(EXPR foreign_count "${foreign_count} + 1")
+        if(foreign_count LESS_EQUAL 20)
+          string(APPEND foreign "  ${pretty}\n")
+        endif()
+      endif()
+    endwhile()
+    if(bundled_count GREATER 0)
+      string(APPEND failures "${EXPORTS_LIB}: exports ${bundled_count} definitions of CLI11, nlohmann::json, fmt, yaml-cpp or spdlog (libtrain/exports.map)\n")
+    endif()
+    if(foreign_count GREATER 0)
+      string(APPEND failures "${EXPORTS_LIB}: exports ${foreign_count} symbols outside namespace train (libtrain/exports.map), such as:\n${foreign}")
+    endif()
+    # Exceptions thrown inside libtrain.so are caught by type outside it, and tests dynamic_cast
+    # to train's classes: their typeinfo must be exported, as must train::detail.
+    foreach(needed "typeinfo for train::Error" "typeinfo for train::ConfigError" "vtable for train::Error"
+                   "train::detail::")
+      string(FIND "${demangled}" " ${needed}" at)
+      if(at EQUAL -1)
+        string(APPEND failures "${EXPORTS_LIB}: does not export '${needed}...'\n")
+      endif()
+    endforeach()
+    message(STATUS "${EXPORTS_LIB}: ${count} symbols exported, ${foreign_count} outside namespace train")
+  endif()
+endif()
 
 if(NOT failures STREQUAL "")
   message(FATAL_ERROR "link hygiene:\n${failures}")

@@ -35,7 +35,7 @@ if(EXISTS ${prefix}/bin/train)
 endif()
 list(JOIN installed_binaries "|" installed_binaries)
 run(${CMAKE_COMMAND} -DREADELF=${READELF} "-DRUNPATH_FILES=${installed_binaries}"
-    -P ${TRAIN_SOURCE_DIR}/tests/link_hygiene.cmake)
+    -DEXPORTS_LIB=${installed_lib} -P ${TRAIN_SOURCE_DIR}/tests/link_hygiene.cmake)
 
 # The installed command runs: it finds libtrain.so in ../lib and the LibTorch train was built
 # with, not another libtorch.so on the system paths.
