@@ -22,6 +22,21 @@ if(train_torch_version STREQUAL "")
   message(FATAL_ERROR "no TRAIN_TORCH_VERSION in ${prefix}/lib/cmake/train/trainConfig.cmake")
 endif()
 
+# The installed binaries' RUNPATHs: existing directories, no empty or relative entry (the install
+# tree gets the same ones as the build tree: cmake/TrainRunpath.cmake).
+file(GLOB_RECURSE installed_lib LIST_DIRECTORIES false ${prefix}/*/libtrain.so)
+list(LENGTH installed_lib n)
+if(NOT n EQUAL 1)
+  message(FATAL_ERROR "expected one libtrain.so under ${prefix}, found: '${installed_lib}'")
+endif()
+set(installed_binaries ${installed_lib})
+if(EXISTS ${prefix}/bin/train)
+  list(APPEND installed_binaries ${prefix}/bin/train)
+endif()
+list(JOIN installed_binaries "|" installed_binaries)
+run(${CMAKE_COMMAND} -DREADELF=${READELF} "-DRUNPATH_FILES=${installed_binaries}"
+    -DEXPORTS_LIB=${installed_lib} -P ${TRAIN_SOURCE_DIR}/tests/link_hygiene.cmake)
+
 # The installed command runs: it finds libtrain.so in ../lib and the LibTorch train was built
 # with, not another libtorch.so on the system paths.
 if(EXISTS ${prefix}/bin/train)
