@@ -1,5 +1,6 @@
 #include "dist_internal.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -282,7 +283,27 @@ struct LaunchStore::Impl {
   c10::intrusive_ptr<c10d::TCPStore> store;
 };
 
+namespace {
+
+// A peer that exits closes its sockets; Gloo's or the store's next write to one raises SIGPIPE,
+// whose default action ends this process at once, before it can say which rank failed first (a
+// launch test lost rank 0's report that way). Ignored, the write fails with EPIPE and becomes an
+// error like any other, as in Python, which ignores SIGPIPE at startup. A handler the program
+// installed is left alone.
+void ignore_sigpipe() {
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    sigemptyset(&ignore.sa_mask);
+    ::sigaction(SIGPIPE, &ignore, nullptr);
+  }
+}
+
+}  // namespace
+
 LaunchStore::LaunchStore(const std::string& host, int port, double timeout_s) : impl_(std::make_unique<Impl>()) {
+  ignore_sigpipe();
   c10d::TCPStoreOptions so;
   so.port = static_cast<uint16_t>(port);
   so.isServer = true;
@@ -324,6 +345,7 @@ Group::Group(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Group::~Group() = default;
 
 std::shared_ptr<Group> Group::create(const Env& env, const DistributedConfig& config, const std::string& device) {
+  ignore_sigpipe();
   auto impl = std::make_unique<Impl>();
   impl->env = env;
   impl->device = torch::Device(device);

@@ -82,7 +82,8 @@ class Group {
  public:
   // Joins the rendezvous and builds the backend. `device` is where this rank's tensors live
   // ("cpu", "cuda:N"); backend auto picks NCCL for CUDA devices (when LibTorch has it) and Gloo
-  // otherwise.
+  // otherwise. Sets SIGPIPE to ignored unless the program handles it (a write to a peer that has
+  // exited then fails with an error instead of ending this process).
   static std::shared_ptr<Group> create(const Env& env, const DistributedConfig& config, const std::string& device);
   ~Group();
   Group(const Group&) = delete;
