@@ -370,6 +370,75 @@ TEST_CASE("Packed samples run across documents with [SEP] between them", "[data]
   }
 }
 
+TEST_CASE("Packed samples of a corpus of many documents match the stream built whole", "[data][tokens]") {
+  // 1,000 documents over 16 blocks of the sparse index: runs of empty documents (a sample then
+  // spans more documents than one window of offsets), single tokens and long documents.
+  SplitMix64 rng(7);
+  std::vector<std::vector<int64_t>> corpus(1000);
+  for (size_t d = 0; d < corpus.size(); ++d) {
+    const uint64_t kind = (d / 50) % 4;
+    const uint64_t length = kind == 0 ? 0 : kind == 1 ? 1 : kind == 2 ? rng.below(5) : 20 + rng.below(300);
+    for (uint64_t i = 0; i < length; ++i) corpus[d].push_back(5 + static_cast<int64_t>(rng.below(25)));
+  }
+  TempDir dir;
+  write_token_file(dir / "c.tokens", corpus, small_vocab());
+  const TokenFile file(dir / "c.tokens");
+  std::vector<int64_t> stream;
+  std::vector<int64_t> starts;  // stream position of each document's first token
+  std::vector<int64_t> offsets{0};
+  for (const auto& document : corpus) {
+    starts.push_back(static_cast<int64_t>(stream.size()));
+    stream.insert(stream.end(), document.begin(), document.end());
+    stream.push_back(kSep);
+    offsets.push_back(offsets.back() + static_cast<int64_t>(document.size()));
+  }
+  std::vector<int64_t> read_offsets(offsets.size());
+  file.document_offsets(0, static_cast<int64_t>(offsets.size()), read_offsets.data());
+  CHECK(read_offsets == offsets);
+  CHECK(file.document_length(999) == static_cast<int64_t>(corpus[999].size()));
+  CHECK_THROWS_AS(file.document_length(1000), std::out_of_range);
+  CHECK_THROWS_AS(file.document_offsets(990, 12, read_offsets.data()), std::out_of_range);
+
+  // find_document against a linear scan, in the stream with [SEP]s and in the bare corpus.
+  for (int64_t separators : {0, 1}) {
+    const int64_t size = offsets.back() + separators * 1000;
+    for (int64_t position = 0; position <= size + 3; ++position) {
+      int64_t expected = 0;
+      for (int64_t d = 0; d < 1000; ++d) {
+        if (offsets[static_cast<size_t>(d)] + d * separators <= position) expected = d;
+      }
+      if (file.find_document(position, separators) != expected) {
+        FAIL("find_document(" << position << ", " << separators << ") = " << file.find_document(position, separators)
+                              << ", expected " << expected);
+      }
+    }
+  }
+  CHECK_THROWS_AS(file.find_document(-1), std::out_of_range);
+
+  for (int64_t seq_len : {3, 7, 64, 300}) {
+    const TokenDataset packed(dataset_options(dir / "c.tokens", seq_len));
+    const int64_t body = seq_len - 2;
+    REQUIRE(packed.size() == (static_cast<int64_t>(stream.size()) + body - 1) / body);
+    for (int64_t i = 0; i < packed.size(); ++i) {
+      std::vector<int64_t> expected{kCls};
+      const auto from = stream.begin() + i * body;
+      expected.insert(expected.end(), from, stream.begin() + std::min<int64_t>((i + 1) * body, stream.size()));
+      expected.push_back(kSep);
+      expected.resize(static_cast<size_t>(seq_len), kPad);
+      if (as_vector(packed.tokens(i)) != expected) FAIL("seq_len " << seq_len << ": sample " << i << " differs");
+    }
+  }
+  const TokenDataset documents(dataset_options(dir / "c.tokens", 12, /*pack=*/false));
+  for (int64_t d = 0; d < 1000; ++d) {
+    std::vector<int64_t> expected{kCls};
+    const auto& document = corpus[static_cast<size_t>(d)];
+    expected.insert(expected.end(), document.begin(), document.begin() + std::min<size_t>(document.size(), 10));
+    expected.push_back(kSep);
+    expected.resize(12, kPad);
+    if (as_vector(documents.tokens(d)) != expected) FAIL("document " << d << " differs");
+  }
+}
+
 TEST_CASE("Special ids come from the options, else the file, and missing ones are errors", "[data][tokens]") {
   TempDir dir;
   TokenFileOptions bare;

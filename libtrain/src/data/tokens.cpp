@@ -298,9 +298,12 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
     }
     const uint8_t* offsets = data + index_offset_;
     if (get_le(offsets, 8) != 0) fail("corrupt index: offsets[0] is not 0");
+    sparse_offsets_.reserve(num_documents / kSparseStride + 2);
+    sparse_offsets_.push_back(0);
     uint64_t previous = 0;
     for (uint64_t d = 1; d <= num_documents; ++d) {
       const uint64_t offset = get_le(offsets + 8 * d, 8);
+      if (d % kSparseStride == 0 || d == num_documents) sparse_offsets_.push_back(static_cast<int64_t>(offset));
       if (offset < previous || offset > num_tokens) {
         fail("corrupt index: document " + std::to_string(d - 1) + " ends at token " + std::to_string(offset) +
              ", before its start " + std::to_string(previous) + " or past the " + std::to_string(num_tokens) +
@@ -369,13 +372,69 @@ void TokenFile::read(int64_t begin, int64_t count, int64_t* out) const {
 }
 
 int64_t TokenFile::document_offset(int64_t d) const {
-  if (d < 0 || d > num_documents_) {
-    throw std::out_of_range(path_ + ": document offset " + std::to_string(d) + " out of range [0, " +
-                            std::to_string(num_documents_) + "]");
+  int64_t offset = 0;
+  document_offsets(d, 1, &offset);
+  return offset;
+}
+
+int64_t TokenFile::document_length(int64_t d) const {
+  if (d < 0 || d >= num_documents_) {
+    throw std::out_of_range(path_ + ": document " + std::to_string(d) + " out of range [0, " +
+                            std::to_string(num_documents_) + ")");
   }
-  uint8_t bytes[8];
-  read_at(static_cast<uint64_t>(index_offset_ + 8 * d), bytes, sizeof bytes);
-  return static_cast<int64_t>(get_le(bytes, 8));
+  int64_t bounds[2];
+  document_offsets(d, 2, bounds);
+  return bounds[1] - bounds[0];
+}
+
+void TokenFile::document_offsets(int64_t first, int64_t count, int64_t* out) const {
+  if (first < 0 || count < 0 || first + count > num_documents_ + 1) {
+    throw std::out_of_range(path_ + ": document offsets [" + std::to_string(first) + ", " +
+                            std::to_string(first + count) + ") out of range [0, " +
+                            std::to_string(num_documents_ + 1) + ")");
+  }
+  thread_local std::vector<uint8_t> buffer;
+  buffer.resize(static_cast<size_t>(8 * count));
+  read_at(static_cast<uint64_t>(index_offset_ + 8 * first), buffer.data(), buffer.size());
+  for (int64_t i = 0; i < count; ++i) out[i] = static_cast<int64_t>(get_le(buffer.data() + 8 * i, 8));
+}
+
+int64_t TokenFile::find_document(int64_t position, int64_t separators) const {
+  if (position < 0 || separators < 0) {
+    throw std::out_of_range(path_ + ": find_document(" + std::to_string(position) + ", " +
+                            std::to_string(separators) + ")");
+  }
+  if (num_documents_ == 0) throw std::logic_error(path_ + ": find_document in a file without documents");
+  // Stream starts strictly increase when separators > 0 and never decrease otherwise, so both
+  // searches find the last start at or before position.
+  auto start = [&](int64_t offset, int64_t d) { return offset + d * separators; };
+  // Sparse entry k is document k * kSparseStride; the last entry (num_documents) is never a start.
+  int64_t lo = 0;
+  int64_t hi = (num_documents_ - 1) / kSparseStride;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (start(sparse_offsets_[static_cast<size_t>(mid)], mid * kSparseStride) <= position) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const int64_t first = lo * kSparseStride;
+  const int64_t count = std::min(kSparseStride, num_documents_ - first);
+  thread_local std::vector<int64_t> block;
+  block.resize(static_cast<size_t>(count));
+  document_offsets(first, count, block.data());
+  int64_t a = 0;
+  int64_t b = count - 1;
+  while (a < b) {
+    const int64_t mid = a + (b - a + 1) / 2;
+    if (start(block[static_cast<size_t>(mid)], first + mid) <= position) {
+      a = mid;
+    } else {
+      b = mid - 1;
+    }
+  }
+  return first + a;
 }
 
 void TokenFile::verify() const {
@@ -609,28 +668,32 @@ torch::Tensor TokenDataset::tokens(int64_t index) const {
   out[k++] = special_.cls;
   const TokenFile& file = *file_;
   if (options_.pack) {
-    // Stream position of document d's first token: each earlier document adds its [SEP].
-    auto stream_start = [&](int64_t d) { return file.document_offset(d) + d; };
-    const int64_t stream_size = file.num_tokens() + file.num_documents();
+    // The stream is every document followed by its [SEP]; sample `index` is its body-token slice.
+    const int64_t documents = file.num_documents();
+    const int64_t stream_size = file.num_tokens() + documents;
     int64_t p = index * body;
     const int64_t end = std::min(p + body, stream_size);
-    // The last document starting at or before p (stream starts strictly increase).
-    int64_t lo = 0;
-    int64_t hi = file.num_documents() - 1;
-    while (lo < hi) {
-      const int64_t mid = lo + (hi - lo + 1) / 2;
-      if (stream_start(mid) <= p) {
-        lo = mid;
-      } else {
-        hi = mid - 1;
+    // Offsets come in windows of up to kWindow + 1, one pread each: a sample rarely spans more
+    // than a few documents.
+    constexpr int64_t kWindow = 32;
+    int64_t window[kWindow + 1];
+    int64_t window_first = 0;
+    int64_t window_count = 0;
+    auto offset = [&](int64_t d) {
+      if (d >= window_first + window_count) {
+        window_first = d;
+        window_count = std::min(kWindow + 1, documents + 1 - d);
+        file.document_offsets(window_first, window_count, window);
       }
-    }
-    for (int64_t d = lo; p < end; ++d) {
-      const int64_t start = stream_start(d);
-      const int64_t length = file.document_length(d);
+      return window[d - window_first];
+    };
+    for (int64_t d = file.find_document(p, 1); p < end; ++d) {
+      const int64_t begin = offset(d);
+      const int64_t start = begin + d;  // stream position of document d's first token
+      const int64_t length = offset(d + 1) - begin;
       if (p < start + length) {
         const int64_t n = std::min(start + length, end) - p;
-        file.read(file.document_offset(d) + (p - start), n, out + k);
+        file.read(begin + (p - start), n, out + k);
         k += n;
         p += n;
       }
@@ -640,8 +703,10 @@ torch::Tensor TokenDataset::tokens(int64_t index) const {
       }
     }
   } else {
-    const int64_t n = std::min(file.document_length(index), body);
-    file.read(file.document_offset(index), n, out + k);
+    int64_t bounds[2];
+    file.document_offsets(index, 2, bounds);
+    const int64_t n = std::min(bounds[1] - bounds[0], body);
+    file.read(bounds[0], n, out + k);
     k += n;
   }
   out[k] = special_.sep;

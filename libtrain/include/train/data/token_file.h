@@ -141,7 +141,16 @@ class TokenFile {
   void read(int64_t begin, int64_t count, int64_t* out) const;
   // offsets[d] for 0 <= d <= num_documents: document d is tokens [offset(d), offset(d + 1)).
   int64_t document_offset(int64_t d) const;
-  int64_t document_length(int64_t d) const { return document_offset(d + 1) - document_offset(d); }
+  int64_t document_length(int64_t d) const;
+  // offsets[first], ..., offsets[first + count - 1] into out, in one read; std::out_of_range unless
+  // 0 <= first and first + count <= num_documents + 1.
+  void document_offsets(int64_t first, int64_t count, int64_t* out) const;
+  // The last document d (0 <= d < num_documents) that starts at or before `position` of a stream
+  // in which every document is followed by `separators` tokens of its own (0: the corpus itself),
+  // that is the largest d with offset(d) + d * separators <= position. A search of the sparse
+  // index kept in memory, then of one block of offsets read with one pread. std::out_of_range
+  // when position < 0 or separators < 0; std::logic_error when the file has no documents.
+  int64_t find_document(int64_t position, int64_t separators = 0) const;
 
   // Recomputes the checksum over the whole payload (reads every byte); DataError naming the file
   // when it differs from the header's.
@@ -161,6 +170,10 @@ class TokenFile {
   int64_t index_offset_ = 0;
   uint64_t checksum_ = 0;
   SpecialTokens special_;
+  // offsets[k * kSparseStride] for k = 0, 1, ... and offsets[num_documents], taken while the index
+  // is validated at open: find_document's first search runs in memory (8 bytes per 64 documents).
+  static constexpr int64_t kSparseStride = 64;
+  std::vector<int64_t> sparse_offsets_;
 };
 
 }  // namespace train::data
