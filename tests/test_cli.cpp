@@ -1,6 +1,7 @@
 #include "testing.h"
 
 #include <train/cli.h>
+#include <train/data/token_file.h>
 #include <train/doctor.h>
 #include <train/errors.h>
 #include <train/files.h>
@@ -14,6 +15,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <iterator>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -313,4 +315,78 @@ TEST_CASE("cli: on the CPU, a global batch beyond memory accumulates instead of 
   CHECK(std::stoll(micro[1]) < 4096);
   CHECK(std::stoll(micro[1]) * std::stoll(accum[1]) == 4096);
   CHECK_THAT(out, Catch::Contains("\"global_batch\":4096"));
+}
+
+TEST_CASE("cli: check --data reads every sample and names the bad ones; a token file's checksum is verified",
+          "[cli][tokens]") {
+  TempDir tmp("checkdata");
+  train::data::TokenFileOptions options;
+  options.vocab_size = 30;
+  options.special = train::data::SpecialTokens{0, 1, 2, 3, 4};
+  std::vector<std::vector<int64_t>> corpus;
+  for (int64_t d = 0; d < 40; ++d) corpus.push_back(std::vector<int64_t>(static_cast<size_t>(5 + d % 7), 5 + d % 25));
+  train::data::write_token_file(tmp / "train.tokens", corpus, options);
+  train::data::write_token_file(tmp / "val.tokens", corpus, options);
+  const std::string cfg = tmp.write(
+      "mlm.yaml", "model: {name: bert-mlm, preset: bert-tiny, vocab_size: 30, num_classes: 30, max_positions: 16}\n"
+                  "data: {kind: tokens, root: " + tmp.path + ", seq_len: 16}\n"
+                  "trainer: {global_batch: 8, max_steps: 2, device: cpu}\n");
+  std::string out = output_of(STDOUT_FILENO, [&] { CHECK(cli({"check", cfg, "--data"}) == train::kExitOk); });
+  CHECK(count_of(out, "samples read") == 2);
+  CHECK(count_of(out, "all load") == 2);
+  CHECK(out.find("the data was read") != std::string::npos);
+
+  // Token files as bytes: a 128-byte header, then 2-byte tokens; the header's checksum is the
+  // 64-bit FNV-1a of everything after the header.
+  auto read = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  auto write = [](const std::string& path, const std::string& bytes) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  };
+  auto seal = [](std::string& bytes) {  // recomputes the checksum
+    uint64_t hash = 0xCBF29CE484222325ull;
+    for (size_t i = 128; i < bytes.size(); ++i) hash = (hash ^ static_cast<uint8_t>(bytes[i])) * 0x100000001B3ull;
+    for (int i = 0; i < 8; ++i) bytes[48 + static_cast<size_t>(i)] = static_cast<char>(hash >> (8 * i));
+  };
+  const std::string good = read(tmp / "val.tokens");
+
+  // A changed token still inside the vocabulary: only the checksum can tell.
+  std::string flipped = good;
+  flipped[128 + 2 * 7] = static_cast<char>(flipped[128 + 2 * 7] ^ 1);
+  write(tmp / "val.tokens", flipped);
+  CHECK(cli({"check", cfg}) == train::kExitOk);  // without --data nothing is read
+  std::string err = stderr_of([&] { CHECK(cli({"check", cfg, "--data"}) == train::kExitData); });
+  CHECK(err.find(tmp / "val.tokens") != std::string::npos);
+  CHECK(err.find("checksum mismatch") != std::string::npos);
+
+  // Tokens outside the vocabulary behind a correct checksum: the samples that hold them are
+  // named, with the file and position; on_error: skip would replace them, so that passes.
+  std::string outside = good;
+  outside[128 + 2 * 3] = 31;   // document 0, in sample 0
+  outside[128 + 2 * 200] = 40;  // later on
+  seal(outside);
+  write(tmp / "val.tokens", outside);
+  err = stderr_of([&] {
+    out = output_of(STDOUT_FILENO, [&] { CHECK(cli({"check", cfg, "--data"}) == train::kExitData); });
+  });
+  CHECK(out.find("val data") != std::string::npos);
+  CHECK(out.find("2 bad") != std::string::npos);
+  CHECK(out.find("  sample 0: " + (tmp / "val.tokens") + ": corrupt token file: token 31 at position 3") !=
+        std::string::npos);
+  CHECK(out.find("token 40 at position 200") != std::string::npos);
+  CHECK(err.find("2 sample(s) fail to load") != std::string::npos);
+  out = output_of(STDOUT_FILENO,
+                  [&] { CHECK(cli({"check", cfg, "--data", "--set", "data.on_error=skip"}) == train::kExitOk); });
+  CHECK(out.find("data.on_error: skip will replace its 2 bad sample(s)") != std::string::npos);
+
+  // The model is checked against the data as train fit checks it.
+  write(tmp / "val.tokens", good);
+  err = stderr_of([&] {
+    CHECK(cli({"check", cfg, "--data", "--set", "model.vocab_size=20", "--set", "model.num_classes=20"}) ==
+          train::kExitInvalid);
+  });
+  CHECK(err.find("--set model.num_classes=20: key 'model.num_classes': 20 but the data") != std::string::npos);
+  CHECK(cli({"check", cfg, "--data", "--set", "data.kind=custom"}) == train::kExitInvalid);
 }

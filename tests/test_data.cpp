@@ -26,6 +26,7 @@
 #include "train/data/factory.h"
 #include "train/data/idx.h"
 #include "train/data/loader.h"
+#include "train/data/scan.h"
 #include "train/data/synthetic.h"
 #include "train/data/transforms.h"
 #include "train/errors.h"
@@ -840,4 +841,70 @@ TEST_CASE("make_dataset builds synthetic splits and validates the config", "[dat
   TempDir empty;
   config.root = empty.path;
   CHECK_THROWS_AS(make_dataset(config, Split::Val), train::DataError);
+}
+
+TEST_CASE("scan_dataset reads every sample once and reports the bad ones by index, for any thread count",
+          "[data]") {
+  // Samples that throw, a sample of another shape, and a whole-file check.
+  class Damaged : public IndexDataset {
+   public:
+    Damaged() : IndexDataset(1000) {}
+    Example get(int64_t index, uint64_t seed) const override {
+      seen[static_cast<size_t>(index)].fetch_add(1);
+      seeds[static_cast<size_t>(index)] = seed;
+      if (index % 97 == 13) throw train::DataError("record " + std::to_string(index) + ": truncated");
+      if (index == 500) return Example{torch::zeros({3}, torch::kDouble), torch::scalar_tensor(0, torch::kLong)};
+      return IndexDataset::get(index, seed);
+    }
+    void verify() const override {
+      if (broken) throw train::DataError("damaged.bin: checksum mismatch");
+    }
+    mutable std::vector<std::atomic<int>> seen = std::vector<std::atomic<int>>(1000);
+    mutable std::vector<uint64_t> seeds = std::vector<uint64_t>(1000);
+    bool broken = false;
+  };
+  // Indices 13, 110, 207, ..., 982 throw: 11 of them, and 500 has shape 3.
+  for (int threads : {1, 3}) {
+    INFO("threads " << threads);
+    Damaged dataset;
+    ScanOptions options;
+    options.threads = threads;
+    options.max_messages = 4;
+    options.seed = 21;
+    const ScanReport report = scan_dataset(dataset, options);
+    CHECK(report.samples == 1000);
+    CHECK(report.bad == 12);
+    REQUIRE(report.messages.size() == 4);
+    CHECK(report.messages[0] == "sample 13: record 13: truncated");
+    CHECK(report.messages[1] == "sample 110: record 110: truncated");
+    CHECK(report.messages[3] == "sample 304: record 304: truncated");
+    for (int64_t i = 0; i < 1000; ++i) {
+      INFO("sample " << i);
+      CHECK(dataset.seen[static_cast<size_t>(i)].load() == 1);
+      CHECK(dataset.seeds[static_cast<size_t>(i)] == sample_seed(21, 0, i));
+    }
+    options.max_messages = 100;
+    const ScanReport all = scan_dataset(dataset, options);
+    REQUIRE(all.messages.size() == 12);
+    CHECK(all.messages[5] == "sample 498: record 498: truncated");
+    CHECK(all.messages[6] == "sample 500: input of shape 3, the dataset's is 2 (index dataset)");
+  }
+  Damaged broken;
+  broken.broken = true;
+  CHECK_THROWS_WITH(scan_dataset(broken), "damaged.bin: checksum mismatch");
+  CHECK(broken.seen[0].load() == 0);  // the whole-file check comes first
+
+  // Progress reports from the calling thread while the others read.
+  IndexDataset slow(200, -1, /*jitter=*/true);
+  ScanOptions options;
+  options.threads = 2;
+  options.progress_every_s = 0.0;
+  std::vector<std::pair<int64_t, int64_t>> reports;
+  options.progress = [&](int64_t done, int64_t total) { reports.emplace_back(done, total); };
+  CHECK(scan_dataset(slow, options).bad == 0);
+  CHECK(slow.gets.load() == 200);
+  for (const auto& [done, total] : reports) {
+    CHECK(total == 200);
+    CHECK(done <= 200);
+  }
 }

@@ -7,12 +7,15 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <iomanip>
 #include <iostream>
 #include <optional>
 
 #include "suggest.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
+#include "train/data/factory.h"
+#include "train/data/scan.h"
 #include "train/device.h"
 #include "train/fit.h"
 #include "train/dist.h"
@@ -69,15 +72,55 @@ int with_config_location(const Config& config, Body&& body) {
 }
 
 // Everything that can be checked without the data (which may live on another machine): the keys,
-// the model (name and sizes: it is built), a named device profile, and model.init_from.
-int cmd_check(const CommonArgs& args) {
+// the model (name and sizes: it is built), a named device profile, and model.init_from. With
+// --data, also the data: both splits are opened, checked against the model as train fit checks
+// them, and read whole (data::scan_dataset), so that a bad file is found before a run spends
+// device time on it.
+int cmd_check(const CommonArgs& args, bool read_data) {
   const Config config = load_config(args.config, args.sets);
   return with_config_location(config, [&] {
-    const models::ModelPtr model = models::make_model(config.model);
+    models::ModelPtr model = models::make_model(config.model);
     if (!config.tuning.device.empty()) named_device(config.tuning.device);
     check_init_from(config, *model);
+    if (!read_data) {
+      std::cout << args.config << ": OK (model " << config.model.name << ", " << models::count_parameters(*model)
+                << " parameters, global batch " << config.trainer.global_batch
+                << "; the data was not read: --data reads it)\n";
+      return kExitOk;
+    }
+    if (config.data.kind == "custom") {
+      throw UsageError(args.config + ": data.kind is custom: the program that trains supplies the datasets, so " +
+                       "train check --data has none to read");
+    }
+    const data::DatasetPtr train = data::make_dataset(config.data, data::Split::Train);
+    const data::DatasetPtr val = data::make_dataset(config.data, data::Split::Val);
+    model = make_model_for_data(config, *train);
+    int64_t bad = 0;
+    for (const auto& [split, dataset] : {std::pair{"train", train}, std::pair{"val", val}}) {
+      data::ScanOptions options;
+      options.seed = static_cast<uint64_t>(config.trainer.seed);
+      options.progress = [split = std::string(split)](int64_t done, int64_t total) {
+        log::info(log::str(split, " data: ", done, " of ", total, " samples read"));
+      };
+      const data::ScanReport report = data::scan_dataset(*dataset, options);
+      std::cout << split << " data (" << dataset->describe() << "): " << report.samples << " samples read in "
+                << log::str(std::fixed, std::setprecision(1), report.seconds) << " s, "
+                << (report.bad == 0 ? std::string("all load") : std::to_string(report.bad) + " bad") << "\n";
+      for (const std::string& message : report.messages) std::cout << "  " << message << "\n";
+      if (report.bad > static_cast<int64_t>(report.messages.size())) {
+        std::cout << "  ... and " << report.bad - static_cast<int64_t>(report.messages.size()) << " more\n";
+      }
+      bad += report.bad;
+    }
+    if (bad > 0 && config.data.on_error != "skip") {
+      throw DataError(args.config + ": " + std::to_string(bad) + " sample(s) fail to load (listed above); with " +
+                      "data.on_error: raise a run stops at the first it meets. Fix or remove the files, or set " +
+                      "data.on_error: skip to train on without them");
+    }
     std::cout << args.config << ": OK (model " << config.model.name << ", " << models::count_parameters(*model)
-              << " parameters, global batch " << config.trainer.global_batch << "; the data was not read)\n";
+              << " parameters, global batch " << config.trainer.global_batch << "; the data was read"
+              << (bad > 0 ? ", and data.on_error: skip will replace its " + std::to_string(bad) + " bad sample(s)"
+                          : std::string()) << ")\n";
     return kExitOk;
   });
 }
@@ -225,6 +268,10 @@ int run_cli(int argc, char** argv) {
 
   auto* check = app.add_subcommand("check", "Validate a config without training");
   add_common(check, check_args);
+  bool check_data = false;
+  check->add_flag("--data", check_data,
+                  "Also read the data: every sample of both splits, checked as the loader and the model would, "
+                  "and token files against their checksums");
 
   auto* plan = app.add_subcommand("plan", "Print the resolved plan for this device without training");
   add_common(plan, plan_args);
@@ -286,7 +333,7 @@ int run_cli(int argc, char** argv) {
   try {
     if (fit->parsed()) return cmd_fit(fit_args, run_dir, resume, stop_signals);
     if (eval->parsed()) return cmd_eval(eval_args, checkpoint);
-    if (check->parsed()) return cmd_check(check_args);
+    if (check->parsed()) return cmd_check(check_args, check_data);
     if (plan->parsed()) return cmd_plan(plan_args, plan_json, plan_device, plan_world_size, plan_local_world_size);
     if (launch->parsed()) {
       return cmd_launch(launch_args, nproc, master_port, launch_run_dir, launch_resume, self_executable(argv[0]));

@@ -321,6 +321,34 @@ void check_init_from(const Config& config, const models::Model& model) {
 
 namespace {
 
+models::ModelPtr model_for_data_unlocated(const Config& config, const data::Dataset& train) {
+  const std::vector<int64_t> shape = train.input_shape();
+  if (shape.size() == 3 && shape[0] != config.model.in_channels) {
+    throw ConfigError("key 'model.in_channels': " + std::to_string(config.model.in_channels) + " but the data (" +
+                      train.describe() + ") has " + std::to_string(shape[0]) + " channel(s)");
+  }
+  if (train.num_classes() > config.model.num_classes) {
+    throw ConfigError("key 'model.num_classes': " + std::to_string(config.model.num_classes) + " but the data (" +
+                      train.describe() + ") has " + std::to_string(train.num_classes()) + " classes");
+  }
+  // The model masks padding out of attention by the id the data pads with.
+  ModelConfig model_config = config.model;
+  if (const int64_t data_pad = train.pad_id(); data_pad >= 0) {
+    if (model_config.pad_id >= 0 && model_config.pad_id != data_pad) {
+      throw ConfigError("key 'model.pad_id': " + std::to_string(model_config.pad_id) + ", but the data pads with id " +
+                        std::to_string(data_pad) + " (" + train.describe() +
+                        "); padding would be attended to. Remove model.pad_id or make it equal");
+    }
+    model_config.pad_id = data_pad;
+  }
+  models::ModelPtr model = models::make_model(model_config);
+  // What the model can take (its input size, positions, vocabulary) against what the data gives:
+  // a mismatch is a config error now, before anything is written, not a failure in the first step.
+  const std::string problem = model->input_problem(shape, train.vocab_size());
+  if (!problem.empty()) throw ConfigError(problem + " (data: " + train.describe() + ")");
+  return model;
+}
+
 RunParts prepare_run_unlocated(const Config& config, const RunOptions& options) {
   if (!options.data_optional) check_runs_here(config);
   if (options.val_data && !options.train_data) {
@@ -364,33 +392,8 @@ RunParts prepare_run_unlocated(const Config& config, const RunOptions& options) 
               std::to_string(shape[0]) + "x" + std::to_string(shape[1]) + "x" + std::to_string(shape[2]) +
               " from the config");
   }
-  if (r.train && shape.size() == 3 && shape[0] != config.model.in_channels) {
-    throw ConfigError("key 'model.in_channels': " + std::to_string(config.model.in_channels) + " but the data (" +
-                      r.train->describe() + ") has " + std::to_string(shape[0]) + " channel(s)");
-  }
-  if (r.train && num_classes > config.model.num_classes) {
-    throw ConfigError("key 'model.num_classes': " + std::to_string(config.model.num_classes) + " but the data (" +
-                      r.train->describe() + ") has " + std::to_string(num_classes) + " classes");
-  }
-
-  // The model masks padding out of attention by the id the data pads with.
-  ModelConfig model_config = config.model;
-  if (const int64_t data_pad = r.train ? r.train->pad_id() : -1; data_pad >= 0) {
-    if (model_config.pad_id >= 0 && model_config.pad_id != data_pad) {
-      throw ConfigError("key 'model.pad_id': " + std::to_string(model_config.pad_id) + ", but the data pads with id " +
-                        std::to_string(data_pad) + " (" + r.train->describe() +
-                        "); padding would be attended to. Remove model.pad_id or make it equal");
-    }
-    model_config.pad_id = data_pad;
-  }
   torch::manual_seed(static_cast<uint64_t>(config.trainer.seed));
-  r.model = models::make_model(model_config);
-  // What the model can take (its input size, positions, vocabulary) against what the data gives:
-  // a mismatch is a config error now, before anything is written, not a failure in the first step.
-  if (r.train) {
-    const std::string problem = r.model->input_problem(shape, r.train->vocab_size());
-    if (!problem.empty()) throw ConfigError(problem + " (data: " + r.train->describe() + ")");
-  }
+  r.model = r.train ? model_for_data_unlocated(config, *r.train) : models::make_model(config.model);
 
   if (!env.note.empty() && options.plan_world_size == 0) log::warn(env.note);
   // Join the job before the plan: the ranks must agree on it. A rank that failed above (bad
@@ -462,6 +465,14 @@ RunParts prepare_run(const Config& config, const RunOptions& options) {
   } catch (const ConfigError& e) {
     // The dataset factory, the model registry and the plan name keys; the error gets the file,
     // line and column (or --set) where the key was set, like the parser's own.
+    throw ConfigError(locate_config_error(config, e.what()));
+  }
+}
+
+models::ModelPtr make_model_for_data(const Config& config, const data::Dataset& train) {
+  try {
+    return model_for_data_unlocated(config, train);
+  } catch (const ConfigError& e) {
     throw ConfigError(locate_config_error(config, e.what()));
   }
 }

@@ -65,6 +65,13 @@ void check_runs_here(const Config& config);
 // line where the key was set.
 void check_init_from(const Config& config, const models::Model& model);
 
+// Builds config.model for the training data, checked as prepare_run checks it: model.in_channels
+// and model.num_classes against the data's, model.pad_id against the id the data pads with (and
+// taken from the data when unset), then what the model can take (input size, positions,
+// vocabulary). A ConfigError names the key, with the file and line where it was set. Does not
+// seed LibTorch's generator.
+models::ModelPtr make_model_for_data(const Config& config, const data::Dataset& train);
+
 // Applies the plan's process-wide settings (threads, TF32, cudnn.benchmark).
 void apply_plan_globals(const Plan& plan);
 

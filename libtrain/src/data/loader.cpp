@@ -13,6 +13,8 @@
 #include <train/errors.h>
 #include <train/log.h>
 
+#include "error_message.h"
+
 #include <c10/util/Exception.h>
 #include <torch/cuda.h>
 
@@ -120,19 +122,6 @@ void validate(const LoaderOptions& options) {
     throw DataError(context + ": " + e.what(), kExitRuntime);
   } catch (...) {
     throw DataError(context + ": unknown exception", kExitRuntime);
-  }
-}
-
-// The message of the exception in flight, without a backtrace.
-std::string current_error_message() {
-  try {
-    throw;
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "unknown exception";
   }
 }
 

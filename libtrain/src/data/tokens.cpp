@@ -713,6 +713,8 @@ torch::Tensor TokenDataset::tokens(int64_t index) const {
   return sample;
 }
 
+void TokenDataset::verify() const { file_->verify(); }
+
 Example TokenDataset::get(int64_t index, uint64_t seed) const {
   torch::Tensor input = tokens(index);
   torch::Tensor target = torch::empty_like(input);

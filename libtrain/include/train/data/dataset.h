@@ -61,6 +61,10 @@ class Dataset {
   // only to its own longest sequence: the plan then leaves cuDNN's benchmark mode off, which would
   // search for algorithms again at every new shape.
   virtual bool static_shapes() const { return true; }
+  // Checks of the data as a whole that opening it leaves out because they read everything (a
+  // token file's checksum), for `train check --data` (train/data/scan.h). DataError naming the
+  // file; the default checks nothing.
+  virtual void verify() const {}
 };
 
 using DatasetPtr = std::shared_ptr<const Dataset>;

@@ -134,6 +134,8 @@ class TokenDataset : public Dataset {
   std::string describe() const override;
   int64_t vocab_size() const override { return vocab_size_; }
   int64_t pad_id() const override { return special_.pad; }
+  // The token file's checksum (TokenFile::verify).
+  void verify() const override;
 
   // Sample `index` before masking: [CLS] body [SEP] [PAD]..., int64 [T].
   torch::Tensor tokens(int64_t index) const;
