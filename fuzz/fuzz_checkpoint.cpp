@@ -1,6 +1,7 @@
 // Fuzz target: the checkpoint reader (a LibTorch serialize archive: zip + pickle) as `train eval`,
 // `--resume` and `train export` use it.
-// Input: one checkpoint file, read for its weights and loaded into a small model and optimizer.
+// Input: one checkpoint file, read for its weights and loaded into a small model with SGD and
+// with AdamW.
 // LibTorch's own reader is not instrumented; the fuzzer checks that whatever it makes of the file
 // ends in a CheckpointError and never in another exception or a crash in train's code.
 #include <train/checkpoint.h>
@@ -32,6 +33,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     Tiny model;
     torch::optim::SGD optimizer(model.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    (void)train::load_checkpoint(path, model, &optimizer);
+  } catch (const train::Error&) {
+  }
+  try {  // the per-parameter state of Adam-family optimizers (exp_avg, exp_avg_sq, step)
+    Tiny model;
+    torch::optim::AdamW optimizer(model.parameters(), torch::optim::AdamWOptions(1e-3));
     (void)train::load_checkpoint(path, model, &optimizer);
   } catch (const train::Error&) {
   }

@@ -337,6 +337,19 @@ void checkpoint_seeds() {
   write("safetensors", "nested-shape.safetensors",
         raw(R"({"a":{"dtype":"F32","shape":)" + std::string(2000, '[') + std::string(2000, ']') +
                 R"(,"data_offsets":[0,4]}})", 4));
+  {
+    // AdamW's state (exp_avg, exp_avg_sq, step per parameter): the fuzz target loads every input
+    // into AdamW as well. A model of its own, last, so that the seeds above stay as they were.
+    torch::manual_seed(1);
+    Tiny model;
+    torch::optim::AdamW adamw(model.parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
+    model.forward(torch::randn({5, 4})).sum().backward();
+    adamw.step();
+    train::save_checkpoint(tmp, model, &adamw, state);
+    write("checkpoint", "tiny-adamw-step1.pt", read(tmp));
+    std::remove(tmp.c_str());
+    std::remove((tmp + ".crc32c").c_str());
+  }
 }
 
 // ---- Text ---------------------------------------------------------------------------------------
