@@ -351,10 +351,18 @@ Aligned aligned_names(const TensorMap& targets, const TensorMap& file, const Wei
   return out;
 }
 
+// safetensors' name for a dtype, else LibTorch's (a .pt checkpoint may hold others).
+std::string dtype_name(torch::ScalarType type) {
+  const DType* d = dtype_by_type(type);
+  return d ? d->name : std::string(c10::toString(type));
+}
+
 // Sorts every name of the module and of the file into the report; returns the file's tensors
-// under the module's names.
+// under the module's names. An integer or bool file tensor for a floating-point module tensor is
+// an error here, strict or not (see load_state_dict): copy_ would turn token ids or flags into
+// "weights" without a word.
 TensorMap match(const TensorMap& targets, const TensorMap& file_tensors, const WeightRules& rules,
-                LoadReport& report) {
+                const std::string& source, LoadReport& report) {
   const Aligned aligned = aligned_names(targets, file_tensors, rules, report);
   const TensorMap& tensors = aligned.tensors;
   for (const auto& [name, target] : targets) {
@@ -365,6 +373,11 @@ TensorMap match(const TensorMap& targets, const TensorMap& file_tensors, const W
     } else if (it->second.sizes() != target.sizes()) {
       const std::string shapes = ": file " + shape_str(it->second.sizes()) + ", model " + shape_str(target.sizes());
       (head ? report.fresh : report.mismatched).push_back(name + shapes);
+    } else if (target.is_floating_point() && !it->second.is_floating_point()) {
+      const std::string& key = aligned.key_in_file(name);
+      throw CheckpointError(source + ": tensor '" + key + "' is " + dtype_name(it->second.scalar_type()) +
+                            ", but the model's '" + name + "' is " + dtype_name(target.scalar_type()) +
+                            ": integer and bool tensors are not converted to floating-point weights");
     } else {
       report.loaded.push_back(name);
     }
@@ -410,7 +423,7 @@ void throw_if_incomplete(const LoadReport& report, const std::string& source) {
 LoadReport match_state_dict(const torch::nn::Module& module, const TensorMap& file_tensors, bool strict,
                             const std::string& source, const WeightRules& rules) {
   LoadReport report;
-  match(state_dict(module), file_tensors, rules, report);
+  match(state_dict(module), file_tensors, rules, source, report);
   if (strict) throw_if_incomplete(report, source);
   return report;
 }
@@ -419,7 +432,7 @@ LoadReport load_state_dict(torch::nn::Module& module, const TensorMap& tensors, 
                            const WeightRules& rules) {
   LoadReport report;
   const TensorMap targets = state_dict(module);
-  const TensorMap aligned = match(targets, tensors, rules, report);
+  const TensorMap aligned = match(targets, tensors, rules, source, report);
   if (strict) throw_if_incomplete(report, source);
   torch::NoGradGuard no_grad;
   for (const auto& name : report.loaded) {

@@ -88,7 +88,10 @@ struct LoadReport {
 };
 
 // Copies tensors into the module's parameters and buffers by name, converting the dtype and
-// device to the module's.
+// device to the module's: one floating-point dtype to another (F16 or BF16 into F32), but never an
+// integer or bool tensor into a floating-point one, which throws CheckpointError naming `source`,
+// the file's key and both dtypes, strict or not: such a tensor holds no weights (a file written
+// wrongly, or a key that means something else there).
 // When the module's names appear in the file under one prefix (keys "<prefix>.<name>" whose
 // <name> is the module's, and which the file does not also hold without it), every key under that
 // prefix is read without it: Hugging Face head models save their encoder under "bert." and their
@@ -100,7 +103,7 @@ struct LoadReport {
 LoadReport load_state_dict(torch::nn::Module& module, const TensorMap& tensors, bool strict,
                            const std::string& source = "state dict", const WeightRules& rules = {});
 
-// What load_state_dict would load, and the same error when strict, without touching the module.
+// What load_state_dict would load, and the same errors, without touching the module.
 LoadReport match_state_dict(const torch::nn::Module& module, const TensorMap& tensors, bool strict,
                             const std::string& source = "state dict", const WeightRules& rules = {});
 
