@@ -430,6 +430,57 @@ TEST_CASE("Hugging Face head-model checkpoints (encoder under 'bert.') load stri
   train::files::remove_all(dir);
 }
 
+TEST_CASE("checkpoints with TensorFlow's LayerNorm names (gamma, beta) load strictly under BERT's rules, same logits",
+          "[bert][oracle][safetensors]") {
+  // Google-ported checkpoints (bert-base-uncased) name a LayerNorm's weight and bias "gamma" and
+  // "beta"; the oracle writes its masked-LM file that way and checks that transformers loads it.
+  const std::string dir = train::files::make_temp_directory("bert_tf_names");
+  REQUIRE(train::testing::run_python("bert_head_oracle.py", dir) == 0);
+  const std::string path = dir + "/mlm_tf_names/model.safetensors";
+  const train::TensorMap file = train::read_safetensors(path);
+  REQUIRE(file.count("bert.embeddings.LayerNorm.gamma") == 1);
+  REQUIRE(file.count("cls.predictions.transform.LayerNorm.beta") == 1);  // a head's too, outside 'bert.'
+  torch::NoGradGuard no_grad;
+  BertModel model(tiny(BertHead::kMaskedLM));
+  const train::LoadReport report = train::load_state_dict(model, file, /*strict=*/true, path, model.weight_rules());
+  CHECK(report.stripped_prefix == "bert.");
+  using Rename = std::pair<std::string, std::string>;
+  CHECK(report.renamed ==
+        std::vector<Rename>{{"LayerNorm.gamma", "LayerNorm.weight"}, {"LayerNorm.beta", "LayerNorm.bias"}});
+  CHECK(report.loaded.size() == 42u);  // all 12 LayerNorm tensors among them
+  // The same tensors as the file with PyTorch's names, and transformers' logits.
+  BertModel same(tiny(BertHead::kMaskedLM));
+  train::load_state_dict(same, train::read_safetensors(dir + "/mlm/model.safetensors"), /*strict=*/true);
+  for (const auto& [name, t] : train::state_dict(same)) {
+    CAPTURE(name);
+    CHECK(torch::equal(t, train::state_dict(model).at(name)));
+  }
+  BertModel from_init(tiny(BertHead::kMaskedLM));
+  train::load_model_weights(path, from_init, /*strict=*/true, from_init.weight_rules());  // the model.init_from path
+  from_init.eval();
+  const train::TensorMap ref = train::read_safetensors(dir + "/reference.safetensors");
+  CHECK((from_init.forward(ref.at("input_ids")) - ref.at("mlm_logits")).abs().max().item<double>() < 1e-4);
+
+  // Without the rules the names are the file's, and the strict error lists them.
+  CHECK_THROWS_WITH(train::load_state_dict(model, file, /*strict=*/true, path),
+                    Catch::Contains("unexpected key 'embeddings.LayerNorm.beta'") &&
+                        Catch::Contains("missing key 'embeddings.LayerNorm.bias'"));
+  // A file with both names keeps both: which one is meant is not guessed, and strict says so.
+  train::TensorMap both = file;
+  both["bert.embeddings.LayerNorm.weight"] = file.at("bert.embeddings.LayerNorm.gamma").clone();
+  CHECK_THROWS_WITH(train::load_state_dict(model, both, /*strict=*/true, "both.safetensors", model.weight_rules()),
+                    Catch::Contains("unexpected key 'embeddings.LayerNorm.gamma'") &&
+                        Catch::Contains("(keys '*LayerNorm.gamma' were read as '*LayerNorm.weight')"));
+  // Renames match whole name components: "XLayerNorm.gamma" is not a LayerNorm's.
+  train::TensorMap odd = file;
+  odd["bert.embeddings.XLayerNorm.gamma"] = odd.at("bert.embeddings.LayerNorm.gamma");
+  odd.erase("bert.embeddings.LayerNorm.gamma");
+  CHECK_THROWS_WITH(train::load_state_dict(model, odd, /*strict=*/true, "odd.safetensors", model.weight_rules()),
+                    Catch::Contains("unexpected key 'embeddings.XLayerNorm.gamma'") &&
+                        Catch::Contains("missing key 'embeddings.LayerNorm.weight'"));
+  train::files::remove_all(dir);
+}
+
 TEST_CASE("init_from a pretraining file: body strict, new head fresh, other heads and tied copies skipped",
           "[bert][safetensors]") {
   torch::manual_seed(0);

@@ -4,6 +4,7 @@
 
 #include <train/config.h>
 #include <train/data/dataset.h>
+#include <train/data/token_file.h>
 #include <train/device.h>
 #include <train/errors.h>
 #include <train/files.h>
@@ -319,6 +320,42 @@ TEST_CASE("library_use: bert_example baselines rejects token files of a larger v
   std::ofstream(files::join(tmp, "vocab.txt")) << big;
   CHECK(run_bert_example(tmp, "baselines --data .", log) == 0);
   CHECK(read_text(log).find("'zebra' = 50.00% of 4 validation tokens") != std::string::npos);
+  files::remove_all(tmp);
+}
+
+// examples/bert/main.cpp: a raw corpus holds no special tokens, so a literal "[PAD]" (or "[SEP]")
+// in it is text. Read as the pad id, it would sit inside a document where the model masks pad ids
+// out of attention (train/data/tokens.h), silently hiding it; both prepare and pretokenize.
+TEST_CASE("library_use: bert_example token files hold a literal [PAD] as text, never the pad id",
+          "[library_use][process][bert]") {
+  const std::string example = std::string(TRAIN_BINARY_DIR) + "/bin/bert_example";
+  if (!files::is_regular_file(example)) FAIL(example + " is missing (TRAIN_BUILD_EXAMPLES=OFF?)");
+  const std::string tmp = files::make_temp_directory("train_test_bert_literal_pad_");
+  std::ofstream(files::join(tmp, "vocab.txt")) << kSmallVocab << "[\n]\npad\nsep\n";  // ids 7 8 9 10
+  std::ofstream(files::join(tmp, "corpus.txt")) << "hello [PAD] world [SEP]\n";
+  const std::string log = files::join(tmp, "out.log");
+  REQUIRE(run_bert_example(tmp, "pretokenize --vocab vocab.txt --out corpus.tokens corpus.txt", log) == 0);
+  data::TokenFile pretokenized(files::join(tmp, "corpus.tokens"));
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < pretokenized.num_tokens(); ++i) ids.push_back(pretokenized.token(i));
+  CHECK(pretokenized.special().pad == 0);
+  CHECK(ids == std::vector<int64_t>{5, 7, 9, 8, 6, 7, 10, 8});  // hello [ pad ] world [ sep ]
+
+  // prepare: a vocab learned from fortunes that write "[PAD]", and their token files.
+  files::make_directories(files::join(tmp, "fortunes"));
+  {
+    std::ofstream corpus(files::join(tmp, "fortunes/art"));
+    for (int i = 0; i < 20; ++i) corpus << "fill the [PAD] with paint " << i << "\n%\n";
+  }
+  REQUIRE(run_bert_example(tmp, "prepare --fortunes fortunes --out out --vocab-size 100", log) == 0);
+  for (const std::string split : {"train", "val"}) {
+    data::TokenFile file(files::join(tmp, "out/" + split + ".tokens"));
+    CAPTURE(split);
+    REQUIRE(file.num_tokens() > 0);
+    int64_t pads = 0;
+    for (int64_t i = 0; i < file.num_tokens(); ++i) pads += file.token(i) == file.special().pad;
+    CHECK(pads == 0);
+  }
   files::remove_all(tmp);
 }
 

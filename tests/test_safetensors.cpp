@@ -261,6 +261,45 @@ TEST_CASE("load_state_dict: strict names every problem and leaves the module unt
   CHECK(train::state_dict(*net).at("2.weight").equal(bad.at("2.weight").to(torch::kFloat)));
 }
 
+TEST_CASE("load_state_dict: integer and bool tensors are refused as floating-point weights, naming file, key, dtypes",
+          "[safetensors]") {
+  TempDir tmp;
+  torch::nn::Sequential net(torch::nn::Linear(3, 4), torch::nn::BatchNorm1d(4));
+  const TensorMap before = [&] {
+    TensorMap m;
+    for (const auto& [k, v] : train::state_dict(*net)) m[k] = v.clone();
+    return m;
+  }();
+  // Under a prefix that is read away, so the message must give the file's key, not the model's.
+  TensorMap file;
+  for (const auto& [k, v] : before) file["net." + k] = v + 1;
+  file["net.1.num_batches_tracked"] = torch::tensor(int32_t{7});  // integer to integer stays allowed
+  for (const auto& [dtype, name] : {std::pair{torch::kLong, "I64"}, std::pair{torch::kBool, "BOOL"}}) {
+    TensorMap bad = file;
+    bad["net.0.weight"] = torch::ones({4, 3}).to(dtype);
+    const std::string path = tmp / (std::string(name) + ".safetensors");
+    train::write_safetensors(path, bad);
+    for (const bool strict : {true, false}) {
+      CAPTURE(name, strict);
+      CHECK_THROWS_WITH(train::load_model_weights(path, *net, strict),
+                        Contains(path + ": tensor 'net.0.weight' is " + name + ", but the model's '0.weight' is F32"));
+      CHECK_THROWS_AS(train::check_model_weights(path, *net, strict), CheckpointError);  // train check too
+      for (const auto& [k, v] : train::state_dict(*net)) CHECK(v.equal(before.at(k)));  // nothing copied
+    }
+  }
+  // Floating-point files of any width convert to the module's dtype, as before.
+  for (const auto dtype : {torch::kHalf, torch::kBFloat16, torch::kDouble}) {
+    TensorMap narrow = file;
+    for (auto& [k, v] : narrow)
+      if (v.is_floating_point()) v = v.to(dtype);
+    const std::string path = tmp / "narrow.safetensors";
+    train::write_safetensors(path, narrow);
+    train::load_model_weights(path, *net, /*strict=*/true);
+    CHECK(train::state_dict(*net).at("0.weight").equal(narrow.at("net.0.weight").to(torch::kFloat)));
+    CHECK(train::state_dict(*net).at("1.num_batches_tracked").item<int64_t>() == 7);
+  }
+}
+
 TEST_CASE("safetensors: train export writes weights that torchvision's resnet50 loads strictly, same logits",
           "[safetensors][python][slow]") {
   TempDir tmp;

@@ -149,8 +149,15 @@ TEST_CASE("vocab builder learns WordPiece merges that cover its corpus", "[token
   CHECK(vocab.token(0) == "[PAD]");
   CHECK(vocab.token(4) == "[MASK]");
   CHECK(vocab.contains("the"));     // the most frequent merge chain
-  CHECK(vocab.contains("##e"));     // every alphabet character in both forms
+  CHECK(vocab.contains("##e"));     // characters seen inside words in both forms
   CHECK(vocab.contains("t"));
+  // Characters only ever at the start of a word have no "##" form: punctuation is always a word
+  // of its own, and "u" here only begins "unthinkable". Their slots go to merges.
+  for (const std::string c : {";", ".", "!", "u"}) {
+    CAPTURE(c);
+    CHECK(vocab.contains(c));
+    CHECK_FALSE(vocab.contains("##" + c));
+  }
   const WordPieceTokenizer tok(vocab);
   // Every word of the corpus is covered (no [UNK]), with "the" a single piece.
   for (const auto& piece : tok.tokenize("the theory of the thermal thing; then there they were. Unthinkable!"))
@@ -164,6 +171,20 @@ TEST_CASE("vocab builder learns WordPiece merges that cover its corpus", "[token
   vocab.save(dir + "/vocab.txt");
   CHECK(Vocab::load(dir + "/vocab.txt").tokens() == vocab.tokens());
   train::files::remove_all(dir);
+
+  // CJK ideographs are split into words of their own as well: no "##" forms for them.
+  VocabBuilder cjk(options);
+  for (int i = 0; i < 5; ++i) cjk.add_text("中国 and 中文, the words.");
+  const Vocab cjk_vocab = cjk.build();
+  for (const std::string c : {"中", "国", "文", ","}) {
+    CAPTURE(c);
+    CHECK(cjk_vocab.contains(c));
+    CHECK_FALSE(cjk_vocab.contains("##" + c));
+  }
+  CHECK(cjk_vocab.contains("##n"));
+  for (const auto& piece : WordPieceTokenizer(cjk_vocab).tokenize("中国 and 中文, the words.")) {
+    CHECK(piece != "[UNK]");
+  }
 }
 
 TEST_CASE("tokenizer ids equal Hugging Face's BertWordPieceTokenizer on MiniLM's vocab", "[tokenizer][oracle][minilm]") {

@@ -141,6 +141,17 @@ std::string one_line(const std::string& text) {
   return out;
 }
 
+// Tokenizer options for a raw corpus. Such text holds no special tokens: a "[PAD]" or "[SEP]"
+// written in it is text ("[", "pad", "]"). Matched as a special token, a literal "[PAD]" would
+// become the pad id inside a document, and the model masks pad ids out of attention
+// (train/data/tokens.h), hiding it without a word; a literal "[SEP]" would fake a boundary.
+train::text::WordPieceOptions raw_text_options(bool lowercase) {
+  train::text::WordPieceOptions o;
+  o.basic.lowercase = lowercase;
+  o.match_special_tokens = false;
+  return o;
+}
+
 std::vector<int64_t> encode_document(const WordPieceTokenizer& tok, const std::string& text) {
   const std::vector<int32_t> ids = tok.tokenize_ids(text);
   return {ids.begin(), ids.end()};
@@ -224,7 +235,7 @@ int prepare(int argc, char** argv) {
   // The same split with a standard uncased BERT vocab (bert-base-sized models).
   std::optional<WordPieceTokenizer> standard;
   if (a.options.count("--uncased-vocab")) {
-    standard.emplace(WordPieceTokenizer::from_file(a.options.at("--uncased-vocab")));
+    standard.emplace(WordPieceTokenizer::from_file(a.options.at("--uncased-vocab"), raw_text_options(true)));
   }
 
   train::text::VocabBuilderOptions vb;
@@ -232,7 +243,7 @@ int prepare(int argc, char** argv) {
   train::text::VocabBuilder builder(vb);
   for (const auto& f : train_set) builder.add_text(f.text);
   const train::text::Vocab vocab = builder.build();
-  const WordPieceTokenizer tok(vocab);
+  const WordPieceTokenizer tok(vocab, raw_text_options(true));
 
   // The token files stream into temporaries beside their targets (creating OUT and OUT/uncased)
   // and are renamed into place by finish(), after everything else has been computed.
@@ -293,9 +304,8 @@ int pretokenize(int argc, char** argv) {
   const Args a = parse(argc, argv, 2, {"--vocab", "--out", "--separator"}, {"--cased"});
   if (!a.options.count("--vocab") || !a.options.count("--out") || a.positional.empty())
     throw train::UsageError("usage: bert_example pretokenize --vocab VOCAB --out FILE.tokens [--separator LINE] [--cased] TEXT...");
-  train::text::WordPieceOptions wp;
-  wp.basic.lowercase = !a.options.count("--cased");
-  const WordPieceTokenizer tok = WordPieceTokenizer::from_file(a.options.at("--vocab"), wp);
+  const WordPieceTokenizer tok =
+      WordPieceTokenizer::from_file(a.options.at("--vocab"), raw_text_options(!a.options.count("--cased")));
   for (const auto& path : a.positional) open_text_file(path);  // every input checked before FILE is begun
   train::data::TokenFileWriter writer(a.options.at("--out"), token_file_options(tok));
   for (const auto& path : a.positional)

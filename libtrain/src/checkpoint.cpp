@@ -498,6 +498,9 @@ void load_model_weights(const std::string& path, torch::nn::Module& model, bool 
     log::info(path + ": keys '" + report.stripped_prefix + "*' read without that prefix (a Hugging Face head model's "
               "base model)");
   }
+  for (const auto& [from, to] : report.renamed) {
+    log::info(path + ": keys '*" + from + "' read as '*" + to + "' (the model's name for them)");
+  }
   const size_t total = report.loaded.size() + report.missing.size() + report.mismatched.size() + report.fresh.size();
   if (!report.fresh.empty()) {
     log::warn(log::str(path, ": loaded ", report.loaded.size(), " of ", total, " model tensors; the task head ",

@@ -276,8 +276,58 @@ std::string LoadReport::summary() const {
 }
 
 namespace {
-// The file's tensors under the module's names: see load_state_dict for the prefix rule.
-TensorMap aligned_names(const TensorMap& targets, const TensorMap& tensors, std::string& stripped) {
+bool has_prefix(const std::string& name, const std::vector<std::string>& prefixes) {
+  return std::any_of(prefixes.begin(), prefixes.end(),
+                     [&](const std::string& p) { return name.compare(0, p.size(), p) == 0; });
+}
+
+// `name` is `suffix`, or ends in "." and `suffix`: whole name components, so that a rename of
+// "LayerNorm.gamma" leaves "encoder.MyLayerNorm.gamma" alone.
+bool ends_with_component(const std::string& name, const std::string& suffix) {
+  if (name.size() < suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
+    return false;
+  }
+  return name.size() == suffix.size() || name[name.size() - suffix.size() - 1] == '.';
+}
+
+// The file's tensors under the module's names, and for each renamed one the file's own key.
+struct Aligned {
+  TensorMap tensors;
+  std::map<std::string, std::string> file_key;  // module-side name -> the file's key, where they differ
+  const std::string& key_in_file(const std::string& name) const {
+    const auto it = file_key.find(name);
+    return it == file_key.end() ? name : it->second;
+  }
+};
+
+// WeightRules::renames, then the prefix rule of load_state_dict; records both in the report.
+Aligned aligned_names(const TensorMap& targets, const TensorMap& file, const WeightRules& rules, LoadReport& report) {
+  // Renames first, so that the prefix rule below counts the renamed keys as the module's names
+  // (a file whose only keys under "bert." were gamma/beta ones would otherwise keep the prefix).
+  Aligned renamed;
+  std::vector<bool> rule_used(rules.renames.size(), false);
+  for (const auto& [name, tensor] : file) {
+    std::string key = name;
+    for (size_t r = 0; r < rules.renames.size(); ++r) {
+      const auto& [from, to] = rules.renames[r];
+      if (!ends_with_component(name, from)) continue;
+      const std::string candidate = name.substr(0, name.size() - from.size()) + to;
+      // A file that holds both names (or two keys that rename to one) is taken as it is: which
+      // tensor is meant is not ours to guess, and a strict load then names the extra key.
+      if (!file.count(candidate) && !renamed.tensors.count(candidate)) {
+        key = candidate;
+        rule_used[r] = true;
+      }
+      break;
+    }
+    if (key != name) renamed.file_key.emplace(key, name);
+    renamed.tensors.emplace(key, tensor);
+  }
+  report.renamed.clear();
+  for (size_t r = 0; r < rules.renames.size(); ++r)
+    if (rule_used[r]) report.renamed.push_back(rules.renames[r]);
+
+  const TensorMap& tensors = renamed.tensors;
   std::map<std::string, int> prefixes;  // prefix -> keys it would rename
   for (const auto& [name, tensor] : tensors) {
     const auto dot = name.find('.');
@@ -285,31 +335,36 @@ TensorMap aligned_names(const TensorMap& targets, const TensorMap& tensors, std:
     const std::string rest = name.substr(dot + 1);
     if (targets.count(rest) && !tensors.count(rest)) ++prefixes[name.substr(0, dot + 1)];
   }
-  stripped.clear();
-  if (prefixes.size() != 1) return tensors;  // none, or ambiguous: names are taken as they are
-  stripped = prefixes.begin()->first;
-  TensorMap out;
+  report.stripped_prefix.clear();
+  if (prefixes.size() != 1) return renamed;  // none, or ambiguous: names are taken as they are
+  const std::string stripped = report.stripped_prefix = prefixes.begin()->first;
+  Aligned out;
   for (const auto& [name, tensor] : tensors) {
     // Every key under the prefix, also those the module lacks (a head model's pooler, old
     // position_ids), so that the rules see the base model's names.
-    const bool renamed = name.rfind(stripped, 0) == 0 && !targets.count(name) && !tensors.count(name.substr(stripped.size()));
-    out.emplace(renamed ? name.substr(stripped.size()) : name, tensor);
+    const bool strip =
+        name.rfind(stripped, 0) == 0 && !targets.count(name) && !tensors.count(name.substr(stripped.size()));
+    const std::string key = strip ? name.substr(stripped.size()) : name;
+    if (key != name || renamed.file_key.count(name)) out.file_key.emplace(key, renamed.key_in_file(name));
+    out.tensors.emplace(key, tensor);
   }
   return out;
 }
-}  // namespace
 
-namespace {
-bool has_prefix(const std::string& name, const std::vector<std::string>& prefixes) {
-  return std::any_of(prefixes.begin(), prefixes.end(),
-                     [&](const std::string& p) { return name.compare(0, p.size(), p) == 0; });
+// safetensors' name for a dtype, else LibTorch's (a .pt checkpoint may hold others).
+std::string dtype_name(torch::ScalarType type) {
+  const DType* d = dtype_by_type(type);
+  return d ? d->name : std::string(c10::toString(type));
 }
 
 // Sorts every name of the module and of the file into the report; returns the file's tensors
-// under the module's names.
+// under the module's names. An integer or bool file tensor for a floating-point module tensor is
+// an error here, strict or not (see load_state_dict): copy_ would turn token ids or flags into
+// "weights" without a word.
 TensorMap match(const TensorMap& targets, const TensorMap& file_tensors, const WeightRules& rules,
-                LoadReport& report) {
-  TensorMap tensors = aligned_names(targets, file_tensors, report.stripped_prefix);
+                const std::string& source, LoadReport& report) {
+  const Aligned aligned = aligned_names(targets, file_tensors, rules, report);
+  const TensorMap& tensors = aligned.tensors;
   for (const auto& [name, target] : targets) {
     const auto it = tensors.find(name);
     const bool head = has_prefix(name, rules.head);
@@ -318,6 +373,11 @@ TensorMap match(const TensorMap& targets, const TensorMap& file_tensors, const W
     } else if (it->second.sizes() != target.sizes()) {
       const std::string shapes = ": file " + shape_str(it->second.sizes()) + ", model " + shape_str(target.sizes());
       (head ? report.fresh : report.mismatched).push_back(name + shapes);
+    } else if (target.is_floating_point() && !it->second.is_floating_point()) {
+      const std::string& key = aligned.key_in_file(name);
+      throw CheckpointError(source + ": tensor '" + key + "' is " + dtype_name(it->second.scalar_type()) +
+                            ", but the model's '" + name + "' is " + dtype_name(target.scalar_type()) +
+                            ": integer and bool tensors are not converted to floating-point weights");
     } else {
       report.loaded.push_back(name);
     }
@@ -355,6 +415,7 @@ void throw_if_incomplete(const LoadReport& report, const std::string& source) {
     add("... " + std::to_string(report.mismatched.size() - kShown) + " more shape mismatches");
   }
   if (!report.stripped_prefix.empty()) add("(keys '" + report.stripped_prefix + "*' were read without that prefix)");
+  for (const auto& [from, to] : report.renamed) add("(keys '*" + from + "' were read as '*" + to + "')");
   throw CheckpointError(source + ": weights do not match the model: " + why);
 }
 }  // namespace
@@ -362,7 +423,7 @@ void throw_if_incomplete(const LoadReport& report, const std::string& source) {
 LoadReport match_state_dict(const torch::nn::Module& module, const TensorMap& file_tensors, bool strict,
                             const std::string& source, const WeightRules& rules) {
   LoadReport report;
-  match(state_dict(module), file_tensors, rules, report);
+  match(state_dict(module), file_tensors, rules, source, report);
   if (strict) throw_if_incomplete(report, source);
   return report;
 }
@@ -371,7 +432,7 @@ LoadReport load_state_dict(torch::nn::Module& module, const TensorMap& tensors, 
                            const WeightRules& rules) {
   LoadReport report;
   const TensorMap targets = state_dict(module);
-  const TensorMap aligned = match(targets, tensors, rules, report);
+  const TensorMap aligned = match(targets, tensors, rules, source, report);
   if (strict) throw_if_incomplete(report, source);
   torch::NoGradGuard no_grad;
   for (const auto& name : report.loaded) {

@@ -8,6 +8,11 @@ hidden 128, 2 layers, 2 heads, intermediate 512, 32 positions, 3 labels: train's
 the C++ test's sizes) saved with save_pretrained, which writes the encoder under "bert." and the
 heads ("cls.", "classifier.") at the top level, dropping the tied decoder. Writes into OUT_DIR:
   mlm/model.safetensors, classifier/model.safetensors   as save_pretrained writes them
+  mlm_tf_names/model.safetensors, mlm_tf_names/config.json
+                          the masked-LM file with TensorFlow's LayerNorm names, as in checkpoints
+                          ported from Google's BERT (bert-base-uncased): "LayerNorm.gamma" for
+                          "LayerNorm.weight", "LayerNorm.beta" for "LayerNorm.bias"; checked here
+                          to load in transformers (which renames them) with the same logits
   reference.safetensors   input_ids [2, 12] (int64, the second row padded with id 0) and
                           mlm_logits [2, 12, 100], classifier_logits [2, 3] (float32) in eval mode
 """
@@ -20,7 +25,7 @@ os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
 
 try:
     import torch
-    from safetensors.torch import save_file
+    from safetensors.torch import load_file, save_file
     from transformers import BertConfig, BertForMaskedLM, BertForSequenceClassification
 except ImportError as e:
     sys.exit("bert_head_oracle.py: %s; run scripts/setup (pip install -r scripts/requirements-test.txt)" % e)
@@ -48,9 +53,26 @@ def main():
     ids[0, 0], ids[1, 0] = 2, 2
     ids[1, 8:] = 0
     mask = (ids != 0).long()
+    tf_dir = os.path.join(out, "mlm_tf_names")
+    os.makedirs(tf_dir, exist_ok=True)
+    tf_names = {}
+    for key, value in load_file(os.path.join(out, "mlm", "model.safetensors")).items():
+        for new, old in (("LayerNorm.gamma", "LayerNorm.weight"), ("LayerNorm.beta", "LayerNorm.bias")):
+            if key.endswith(old):
+                key = key[: -len(old)] + new
+        tf_names[key] = value
+    save_file(tf_names, os.path.join(tf_dir, "model.safetensors"), metadata={"format": "pt"})
+    mlm.config.to_json_file(os.path.join(tf_dir, "config.json"))
     with torch.no_grad():
+        mlm_logits = mlm(input_ids=ids, attention_mask=mask).logits.contiguous()
+        # The renamed file is what transformers itself accepts as the same model; if a version
+        # stopped renaming, the C++ test would be checking a layout nobody loads.
+        tf_model = BertForMaskedLM.from_pretrained(tf_dir, attn_implementation="eager").eval()
+        tf_error = (tf_model(input_ids=ids, attention_mask=mask).logits - mlm_logits).abs().max().item()
+        if tf_error > 1e-6:
+            sys.exit("bert_head_oracle.py: transformers loads the gamma/beta file with logits %g off" % tf_error)
         save_file({"input_ids": ids,
-                   "mlm_logits": mlm(input_ids=ids, attention_mask=mask).logits.contiguous(),
+                   "mlm_logits": mlm_logits,
                    "classifier_logits": classifier(input_ids=ids, attention_mask=mask).logits.contiguous()},
                   os.path.join(out, "reference.safetensors"))
 

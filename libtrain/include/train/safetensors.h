@@ -56,6 +56,13 @@ struct WeightRules {
   // elsewhere: a tied copy (BERT's MLM decoder, equal to the word embeddings), or a buffer with a
   // fixed value (position_ids = 0, 1, 2, ...). `file` holds the tensors under the model's names.
   std::function<bool(const std::string& key, const torch::Tensor& value, const TensorMap& file)> redundant;
+  // Other names files give the model's tensors, as (file suffix, model suffix): a file key equal
+  // to the first or ending in "." and the first is read with that end replaced by the second,
+  // unless the file also holds the new name. BERT checkpoints ported from Google's TensorFlow ones
+  // (bert-base-uncased among them) call a LayerNorm's weight and bias "gamma" and "beta", which
+  // Hugging Face renames on load the same way. Applied before the prefix rule of load_state_dict,
+  // to every key (a head's too), so the other rules see the model's names.
+  std::vector<std::pair<std::string, std::string>> renames;
 };
 
 struct LoadReport {
@@ -72,16 +79,23 @@ struct LoadReport {
   // A base-model prefix the file's keys had and the module's do not, e.g. "bert." for a Hugging
   // Face BertForMaskedLM or BertForSequenceClassification checkpoint; "" when none was removed.
   std::string stripped_prefix;
+  // The WeightRules::renames that at least one file key was read under, in the rules' order,
+  // e.g. {"LayerNorm.gamma", "LayerNorm.weight"}; empty when none was.
+  std::vector<std::pair<std::string, std::string>> renamed;
   bool complete() const { return missing.empty() && unexpected.empty() && mismatched.empty(); }
   // One line per problem kind, e.g. "missing: fc.weight, fc.bias; unexpected: head.weight".
   std::string summary() const;
 };
 
 // Copies tensors into the module's parameters and buffers by name, converting the dtype and
-// device to the module's. When the module's names appear in the file under one prefix (keys
-// "<prefix>.<name>" whose <name> is the module's, and which the file does not also hold without
-// it), every key under that prefix is read without it: Hugging Face head models save their encoder under "bert." and their heads
-// ("cls.", "classifier.") at the top level, where train's BERT has both. `rules` sort out the
+// device to the module's: one floating-point dtype to another (F16 or BF16 into F32), but never an
+// integer or bool tensor into a floating-point one, which throws CheckpointError naming `source`,
+// the file's key and both dtypes, strict or not: such a tensor holds no weights (a file written
+// wrongly, or a key that means something else there).
+// When the module's names appear in the file under one prefix (keys "<prefix>.<name>" whose
+// <name> is the module's, and which the file does not also hold without it), every key under that
+// prefix is read without it: Hugging Face head models save their encoder under "bert." and their
+// heads ("cls.", "classifier.") at the top level, where train's BERT has both. `rules` sort out the
 // differences expected between a pretrained model and a fine-tuned one (see WeightRules).
 // strict: any missing or unexpected key or shape mismatch throws CheckpointError naming `source`
 // and the keys, and the module is left untouched. Not strict: the matching entries are loaded and
@@ -89,7 +103,7 @@ struct LoadReport {
 LoadReport load_state_dict(torch::nn::Module& module, const TensorMap& tensors, bool strict,
                            const std::string& source = "state dict", const WeightRules& rules = {});
 
-// What load_state_dict would load, and the same error when strict, without touching the module.
+// What load_state_dict would load, and the same errors, without touching the module.
 LoadReport match_state_dict(const torch::nn::Module& module, const TensorMap& tensors, bool strict,
                             const std::string& source = "state dict", const WeightRules& rules = {});
 

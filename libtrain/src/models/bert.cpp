@@ -299,6 +299,9 @@ WeightRules BertModel::weight_rules() const {
     }
     return false;
   };
+  // Checkpoints ported from Google's TensorFlow BERT (bert-base-uncased, bert-large-*, the
+  // multilingual ones) keep TensorFlow's LayerNorm names; Hugging Face renames them on load.
+  rules.renames = {{"LayerNorm.gamma", "LayerNorm.weight"}, {"LayerNorm.beta", "LayerNorm.bias"}};
   return rules;
 }
 

@@ -51,6 +51,7 @@ Vocab VocabBuilder::build() const {
   std::sort(words.begin(), words.end());
   std::vector<std::u32string> decoded;
   std::map<char32_t, int64_t> char_counts;
+  std::unordered_set<char32_t> continues;  // seen after the first character of a word
   for (const auto& [word, count] : words) {
     decoded.push_back(decode_utf8(word));
     if (static_cast<int64_t>(decoded.back().size()) > options_.max_word_chars) {
@@ -58,6 +59,7 @@ Vocab VocabBuilder::build() const {
       continue;
     }
     for (char32_t c : decoded.back()) char_counts[c] += count;
+    if (decoded.back().size() > 1) continues.insert(decoded.back().begin() + 1, decoded.back().end());
   }
   std::vector<std::pair<char32_t, int64_t>> alphabet(char_counts.begin(), char_counts.end());
   std::stable_sort(alphabet.begin(), alphabet.end(), [](const auto& x, const auto& y) { return x.second > y.second; });
@@ -67,9 +69,13 @@ Vocab VocabBuilder::build() const {
     const std::string bare = encode_utf8(std::u32string_view(&c, 1));
     char_ids[c].first = add_token(bare);
   }
+  // The "##" form only for characters seen after the first character of a word: punctuation and
+  // CJK ideographs are words of their own (basic_tokenize), so "##." or "##中" would never be
+  // used and would take a merge's slot. Hugging Face's WordPieceTrainer likewise adds a "##" form
+  // only when a word of the corpus uses it. -1: no "##" form (no word of the corpus needs one).
   for (const auto& [c, n] : alphabet) {
     const std::string bare = encode_utf8(std::u32string_view(&c, 1));
-    char_ids[c].second = add_token(prefix + bare);
+    char_ids[c].second = continues.count(c) ? add_token(prefix + bare) : -1;
   }
 
   // Words as symbol sequences; a word with a character outside the alphabet is left out.

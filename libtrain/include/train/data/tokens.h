@@ -25,8 +25,11 @@
 //
 // Padding and the attention mask: padded positions hold the pad id (0 in BERT vocabularies) and
 // always have target -100. There is no separate mask tensor: the model derives the attention
-// mask as input != pad_id. The pad id never occurs inside real text (it is special), so this is
-// exact. Token type (segment) ids are not produced: every position is segment 0.
+// mask as input != pad_id. That is exact when the pad id occurs only as padding, which holds for
+// token files that bert_example writes (prepare, pretokenize): they tokenize raw text with
+// special-token matching off, so a literal "[PAD]" in it is text ("[", "pad", "]"). A file whose
+// documents hold the pad id (written by other means) has those positions masked out of attention
+// too. Token type (segment) ids are not produced: every position is segment 0.
 #include <train/data/dataset.h>
 #include <train/data/token_file.h>
 #include <train/data/transforms.h>

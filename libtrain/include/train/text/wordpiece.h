@@ -155,8 +155,9 @@ struct VocabBuilderOptions {
 // basic tokenizer are split into characters (all but the first carrying the "##" prefix), then
 // the most frequent adjacent pair is merged repeatedly (ties: the lexicographically smaller
 // pair) until the vocab reaches vocab_size or no pair reaches min_frequency. The vocab is the
-// special tokens (ids 0, 1, ...), then the alphabet in order of frequency, then the merged
-// tokens in merge order.
+// special tokens (ids 0, 1, ...), then the alphabet in order of frequency (every character, then
+// the "##" forms of those seen after the first character of a word: not punctuation or CJK
+// ideographs, always words of their own), then the merged tokens in merge order.
 class VocabBuilder {
  public:
   explicit VocabBuilder(VocabBuilderOptions options = {});
