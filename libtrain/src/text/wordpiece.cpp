@@ -27,7 +27,10 @@ struct Mapping {
 };
 #include "unicode_tables.inc"
 
-enum Class { kNone = 0, kOther = 1, kNonSpacingMark = 2, kPunctuation = 3 };
+// The classes of unicode_tables.inc, each read off the tokenizers step that uses it (see
+// gen_unicode_tables.py): dropped by clean_text, removed after NFD when stripping accents, split
+// off by the pre-tokenizer.
+enum Class { kNone = 0, kDropped = 1, kNonSpacingMark = 2, kPunctuation = 3 };
 
 int char_class(char32_t c) {
   const auto* begin = std::begin(kCategoryRanges);
@@ -80,11 +83,6 @@ bool is_whitespace(char32_t c) {
   return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
          (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
          c == 0x3000;
-}
-
-bool is_control(char32_t c) {
-  if (c == '\t' || c == '\n' || c == '\r') return false;
-  return char_class(c) == kOther;
 }
 
 bool is_punctuation(char32_t c) {
@@ -178,7 +176,8 @@ std::u32string normalize(std::string_view text, const BasicTokenizerOptions& opt
   // Cleaning and CJK padding in one pass (Hugging Face's order: clean, then pad CJK).
   for (char32_t c : input) {
     if (options.clean_text) {
-      if (c == 0 || c == 0xFFFD || is_control(c)) continue;
+      // NUL and U+FFFD are in the table; tab, newline and return are not (they become spaces).
+      if (char_class(c) == kDropped) continue;
       if (is_whitespace(c)) c = ' ';
     }
     if (options.split_cjk && is_cjk(c)) {
