@@ -140,6 +140,46 @@ TEST_CASE("WordPiece: ## splitting, unknown words, long words, specials, encodin
   CHECK(tok.decode(tok.encode("the unaffable world", 0, 8).ids) == "the unaffable world");
 }
 
+TEST_CASE("special tokens in the text: leftmost first and longest at a position when adjacent or overlapping", "[tokenizer]") {
+  const WordPieceTokenizer tok(hand_vocab());
+  // Adjacent, glued to words, inside brackets that are not part of them.
+  CHECK(tok.tokenize_ids("[MASK][MASK]the[SEP]the[CLS]") == std::vector<int32_t>{4, 4, 5, 3, 5, 2});
+  CHECK(tok.tokenize("[[MASK]] [MAS[MASK]K]") ==
+        std::vector<std::string>{"[UNK]", "[MASK]", "[UNK]", "[UNK]", "[UNK]", "[MASK]", "[UNK]", "[UNK]"});
+  // Special tokens that overlap each other: sep "A-", mask "-B", cls "A-B" (as plain text each
+  // would become other pieces: "a", "-", "b"). The expected pieces are what Hugging Face's
+  // tokenizers 0.23.3 gives for this vocab and these tokens. Where a match swallows the start of
+  // another token's occurrence ("A-B-B": the "-B" at 1), that token must be looked for again
+  // after the match, not reused and not given up.
+  WordPieceOptions options;
+  options.unk_token = "<unk>";
+  options.pad_token = "<pad>";
+  options.sep_token = "A-";
+  options.mask_token = "-B";
+  options.cls_token = "A-B";
+  const WordPieceTokenizer overlapping(Vocab({"<pad>", "<unk>", "A-B", "A-", "-B", "a", "b", "x", "-", "##b"}), options);
+  auto pieces = [&](const std::string& text) { return overlapping.tokenize(text); };
+  CHECK(pieces("A-B") == std::vector<std::string>{"A-B"});
+  CHECK(pieces("A--B") == std::vector<std::string>{"A-", "-B"});
+  CHECK(pieces("xA-B-B") == std::vector<std::string>{"x", "A-B", "-B"});
+  CHECK(pieces("A- b -B") == std::vector<std::string>{"A-", "b", "-B"});
+  CHECK(pieces("aA-Bb") == std::vector<std::string>{"a", "A-B", "b"});
+  CHECK(pieces("A-B-B") == std::vector<std::string>{"A-B", "-B"});
+  CHECK(pieces("A-BA-") == std::vector<std::string>{"A-B", "A-"});
+  CHECK(pieces("-B-B") == std::vector<std::string>{"-B", "-B"});
+  CHECK(pieces("A-A-B") == std::vector<std::string>{"A-", "A-B"});
+  // Many of them, as in a masked document: each found once, in order.
+  std::string many;
+  std::vector<int32_t> expected;
+  for (int i = 0; i < 1000; ++i) {
+    many += i % 3 == 0 ? "[MASK]" : i % 3 == 1 ? "the [SEP]" : "[CLS][PAD]";
+    if (i % 3 == 0) expected.push_back(4);
+    if (i % 3 == 1) expected.insert(expected.end(), {5, 3});
+    if (i % 3 == 2) expected.insert(expected.end(), {2, 0});
+  }
+  CHECK(tok.tokenize_ids(many) == expected);
+}
+
 TEST_CASE("vocab file errors name the file and line", "[tokenizer]") {
   const std::string dir = train::files::make_temp_directory("vocab");
   auto message = [](const std::string& path) {

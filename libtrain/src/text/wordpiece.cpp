@@ -353,20 +353,29 @@ std::vector<int32_t> WordPieceTokenizer::tokenize_ids(std::string_view text) con
   }
   // Special tokens written in the text are matched verbatim, before normalisation, as Hugging
   // Face's added-token matching does: leftmost occurrence first, the longest at a position.
-  const std::pair<const std::string*, int32_t> specials[] = {
-      {&options_.unk_token, unk_id_}, {&options_.cls_token, cls_id_}, {&options_.sep_token, sep_id_},
-      {&options_.pad_token, pad_id_}, {&options_.mask_token, mask_id_}};
+  struct Special {
+    const std::string* token;
+    int32_t id;
+    size_t next;  // its first occurrence at or after the last search position; npos when none
+  };
+  Special specials[] = {{&options_.unk_token, unk_id_, 0}, {&options_.cls_token, cls_id_, 0},
+                        {&options_.sep_token, sep_id_, 0}, {&options_.pad_token, pad_id_, 0},
+                        {&options_.mask_token, mask_id_, 0}};
+  for (Special& s : specials) s.next = text.find(*s.token);
   size_t start = 0;
   while (start < text.size()) {
     size_t best = std::string_view::npos, best_length = 0;
     int32_t best_id = -1;
-    for (const auto& [token, id] : specials) {
-      const size_t at = text.find(*token, start);
-      if (at == std::string_view::npos) continue;
-      if (at < best || (at == best && token->size() > best_length)) {
-        best = at;
-        best_length = token->size();
-        best_id = id;
+    for (Special& s : specials) {
+      // An occurrence at or after `start` is still the first one there; only one that the last
+      // match consumed or overlapped is searched for again. Searching every token afresh from
+      // each match made a text with many special tokens quadratic.
+      if (s.next != std::string_view::npos && s.next < start) s.next = text.find(*s.token, start);
+      if (s.next == std::string_view::npos) continue;
+      if (s.next < best || (s.next == best && s.token->size() > best_length)) {
+        best = s.next;
+        best_length = s.token->size();
+        best_id = s.id;
       }
     }
     if (best == std::string_view::npos) break;
