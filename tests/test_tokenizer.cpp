@@ -198,6 +198,13 @@ TEST_CASE("vocab file errors name the file and line", "[tokenizer]") {
              Catch::Contains("dup.txt:3: token 'the' repeats line 2"));
   const std::string no_unk = write_file(dir, "nounk.txt", "[PAD]\n[CLS]\n[SEP]\n[MASK]\nthe\n");
   CHECK_THROWS_WITH(WordPieceTokenizer::from_file(no_unk), Catch::Contains("nounk.txt: the vocab has no unknown token '[UNK]'"));
+  // A leading byte order mark is refused by name: Hugging Face's tokenizers and transformers keep
+  // it in the first token ("\uFEFF[PAD]", so they have no [PAD]), where skipping it would give
+  // other ids and keeping it failed later with "the vocab has no padding token '[PAD]'".
+  CHECK_THAT(message(write_file(dir, "bom.txt", "\xEF\xBB\xBF[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n")),
+             Catch::Contains("bom.txt:1: vocab file starts with a UTF-8 byte order mark"));
+  // U+FEFF anywhere else is an ordinary character of a token, as it is for them.
+  CHECK(Vocab::load(write_file(dir, "feff.txt", "[PAD]\n\xEF\xBB\xBFx\n")).find("\xEF\xBB\xBFx") == 1);
   // CRLF files load like LF files.
   const Vocab crlf = Vocab::load(write_file(dir, "crlf.txt", "[PAD]\r\n[UNK]\r\nthe\r\n"));
   CHECK(crlf.find("the") == 2);

@@ -261,6 +261,14 @@ Vocab Vocab::load(const std::string& path) {
   while (std::getline(in, line)) {
     ++number;
     if (!line.empty() && line.back() == '\r') line.pop_back();
+    // Hugging Face's tokenizers and transformers keep a byte order mark as part of the first
+    // token (U+FEFF "[PAD]": they then have no [PAD]), so skipping it would make a tokenizer that
+    // disagrees with theirs on this file. Refused here, naming the mark, instead of failing later
+    // with "no padding token" while [PAD] is plainly on line 1.
+    if (number == 1 && line.compare(0, 3, "\xEF\xBB\xBF") == 0) {
+      throw DataError(path + ":1: vocab file starts with a UTF-8 byte order mark (bytes EF BB BF), which "
+                      "Hugging Face's tokenizers would read as part of the first token; save it without one");
+    }
     if (line.empty()) {
       throw DataError(path + ":" + std::to_string(number) +
                       ": empty line in vocab file (expected one token per line; id = line number - 1)");

@@ -54,7 +54,8 @@ class Vocab {
   explicit Vocab(std::vector<std::string> tokens);
 
   // Reads vocab.txt: one token per line ("\r\n" accepted). Throws train::DataError naming the
-  // file (and line) when it cannot be read, is empty, has an empty line or repeats a token.
+  // file (and line) when it cannot be read, is empty, has an empty line, repeats a token or starts
+  // with a UTF-8 byte order mark (which Hugging Face's tokenizers would keep in the first token).
   static Vocab load(const std::string& path);
   // Writes one token per line, atomically (a temporary file renamed over `path`: a reader sees the
   // old file or the new one). Throws train::Error naming the file on failure; the file there
