@@ -27,7 +27,10 @@ struct Mapping {
 };
 #include "unicode_tables.inc"
 
-enum Class { kNone = 0, kOther = 1, kNonSpacingMark = 2, kPunctuation = 3 };
+// The classes of unicode_tables.inc, each read off the tokenizers step that uses it (see
+// gen_unicode_tables.py): dropped by clean_text, removed after NFD when stripping accents, split
+// off by the pre-tokenizer.
+enum Class { kNone = 0, kDropped = 1, kNonSpacingMark = 2, kPunctuation = 3 };
 
 int char_class(char32_t c) {
   const auto* begin = std::begin(kCategoryRanges);
@@ -80,11 +83,6 @@ bool is_whitespace(char32_t c) {
   return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
          (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
          c == 0x3000;
-}
-
-bool is_control(char32_t c) {
-  if (c == '\t' || c == '\n' || c == '\r') return false;
-  return char_class(c) == kOther;
 }
 
 bool is_punctuation(char32_t c) {
@@ -178,7 +176,8 @@ std::u32string normalize(std::string_view text, const BasicTokenizerOptions& opt
   // Cleaning and CJK padding in one pass (Hugging Face's order: clean, then pad CJK).
   for (char32_t c : input) {
     if (options.clean_text) {
-      if (c == 0 || c == 0xFFFD || is_control(c)) continue;
+      // NUL and U+FFFD are in the table; tab, newline and return are not (they become spaces).
+      if (char_class(c) == kDropped) continue;
       if (is_whitespace(c)) c = ' ';
     }
     if (options.split_cjk && is_cjk(c)) {
@@ -262,6 +261,14 @@ Vocab Vocab::load(const std::string& path) {
   while (std::getline(in, line)) {
     ++number;
     if (!line.empty() && line.back() == '\r') line.pop_back();
+    // Hugging Face's tokenizers and transformers keep a byte order mark as part of the first
+    // token (U+FEFF "[PAD]": they then have no [PAD]), so skipping it would make a tokenizer that
+    // disagrees with theirs on this file. Refused here, naming the mark, instead of failing later
+    // with "no padding token" while [PAD] is plainly on line 1.
+    if (number == 1 && line.compare(0, 3, "\xEF\xBB\xBF") == 0) {
+      throw DataError(path + ":1: vocab file starts with a UTF-8 byte order mark (bytes EF BB BF), which "
+                      "Hugging Face's tokenizers would read as part of the first token; save it without one");
+    }
     if (line.empty()) {
       throw DataError(path + ":" + std::to_string(number) +
                       ": empty line in vocab file (expected one token per line; id = line number - 1)");
@@ -354,20 +361,29 @@ std::vector<int32_t> WordPieceTokenizer::tokenize_ids(std::string_view text) con
   }
   // Special tokens written in the text are matched verbatim, before normalisation, as Hugging
   // Face's added-token matching does: leftmost occurrence first, the longest at a position.
-  const std::pair<const std::string*, int32_t> specials[] = {
-      {&options_.unk_token, unk_id_}, {&options_.cls_token, cls_id_}, {&options_.sep_token, sep_id_},
-      {&options_.pad_token, pad_id_}, {&options_.mask_token, mask_id_}};
+  struct Special {
+    const std::string* token;
+    int32_t id;
+    size_t next;  // its first occurrence at or after the last search position; npos when none
+  };
+  Special specials[] = {{&options_.unk_token, unk_id_, 0}, {&options_.cls_token, cls_id_, 0},
+                        {&options_.sep_token, sep_id_, 0}, {&options_.pad_token, pad_id_, 0},
+                        {&options_.mask_token, mask_id_, 0}};
+  for (Special& s : specials) s.next = text.find(*s.token);
   size_t start = 0;
   while (start < text.size()) {
     size_t best = std::string_view::npos, best_length = 0;
     int32_t best_id = -1;
-    for (const auto& [token, id] : specials) {
-      const size_t at = text.find(*token, start);
-      if (at == std::string_view::npos) continue;
-      if (at < best || (at == best && token->size() > best_length)) {
-        best = at;
-        best_length = token->size();
-        best_id = id;
+    for (Special& s : specials) {
+      // An occurrence at or after `start` is still the first one there; only one that the last
+      // match consumed or overlapped is searched for again. Searching every token afresh from
+      // each match made a text with many special tokens quadratic.
+      if (s.next != std::string_view::npos && s.next < start) s.next = text.find(*s.token, start);
+      if (s.next == std::string_view::npos) continue;
+      if (s.next < best || (s.next == best && s.token->size() > best_length)) {
+        best = s.next;
+        best_length = s.token->size();
+        best_id = s.id;
       }
     }
     if (best == std::string_view::npos) break;

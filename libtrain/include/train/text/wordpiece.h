@@ -5,11 +5,13 @@
 //
 // It reads the standard BERT vocab.txt (one token per line, id = line number - 1) and gives the
 // same ids as Hugging Face's `tokenizers` BertWordPieceTokenizer (tests/test_tokenizer.cpp checks
-// this on MiniLM's 30,522-token vocab). Unicode data (categories, canonical decompositions,
-// lower-case mappings) comes from tables generated from Python's unicodedata
-// (libtrain/src/text/gen_unicode_tables.py, Unicode 14.0). Known difference: combining marks are
-// not canonically reordered after decomposition, which only matters for sequences of several
-// combining marks that are not all dropped (Mn marks are dropped when accents are stripped).
+// this on MiniLM's 30,522-token vocab, over hand-written texts and every code point). Unicode data
+// (character classes, canonical decompositions, lower-case mappings) comes from tables read off
+// tokenizers 0.23.3 itself (libtrain/src/text/gen_unicode_tables.py), not from a Unicode
+// database: tokenizers uses older Unicode versions, which differ from today's on hundreds of code
+// points. Known difference: combining marks are not canonically reordered after decomposition,
+// which only matters for sequences of several combining marks that are not all dropped (Mn marks
+// are dropped when accents are stripped).
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -28,7 +30,8 @@ std::string encode_utf8(std::u32string_view text);
 // ---- Basic tokenization ------------------------------------------------------------------------
 
 struct BasicTokenizerOptions {
-  bool clean_text = true;      // drop NUL, U+FFFD and control / format characters; whitespace -> ' '
+  bool clean_text = true;      // drop NUL, U+FFFD, control, format and private-use characters;
+                               // whitespace -> ' '
   bool split_cjk = true;       // every CJK ideograph becomes its own word
   bool lowercase = true;       // full Unicode lower-case mapping (an "uncased" vocab)
   std::optional<bool> strip_accents;  // NFD, then drop non-spacing marks; unset = same as lowercase
@@ -39,7 +42,7 @@ struct BasicTokenizerOptions {
 std::u32string normalize(std::string_view text, const BasicTokenizerOptions& options);
 
 // Words: normalized text split on whitespace, with every punctuation character (ASCII
-// punctuation or Unicode category P*) a word of its own.
+// punctuation or Unicode category P* as tokenizers' tables have it) a word of its own.
 std::vector<std::string> basic_tokenize(std::string_view text, const BasicTokenizerOptions& options);
 
 // ---- Vocabulary --------------------------------------------------------------------------------
@@ -51,7 +54,8 @@ class Vocab {
   explicit Vocab(std::vector<std::string> tokens);
 
   // Reads vocab.txt: one token per line ("\r\n" accepted). Throws train::DataError naming the
-  // file (and line) when it cannot be read, is empty, has an empty line or repeats a token.
+  // file (and line) when it cannot be read, is empty, has an empty line, repeats a token or starts
+  // with a UTF-8 byte order mark (which Hugging Face's tokenizers would keep in the first token).
   static Vocab load(const std::string& path);
   // Writes one token per line, atomically (a temporary file renamed over `path`: a reader sees the
   // old file or the new one). Throws train::Error naming the file on failure; the file there
