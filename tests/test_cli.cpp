@@ -317,7 +317,7 @@ TEST_CASE("cli: on the CPU, a global batch beyond memory accumulates instead of 
   CHECK_THAT(out, Catch::Contains("\"global_batch\":4096"));
 }
 
-TEST_CASE("cli: check --data reads every sample and names the bad ones; a token file's checksum is verified",
+TEST_CASE("cli: check --data reads every sample and names the bad ones, and verifies token-file checksums",
           "[cli][tokens]") {
   TempDir tmp("checkdata");
   train::data::TokenFileOptions options;
