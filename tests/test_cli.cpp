@@ -11,7 +11,9 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -122,6 +124,34 @@ TEST_CASE("cli: fit writes the run directory, and a second fit needs --resume", 
   CHECK(cli({"eval", cfg, "--checkpoint", train::files::join(run_dir, "checkpoints/step_00000003.pt")}) ==
         train::kExitOk);
   CHECK(cli({"plan", cfg, "--json"}) == train::kExitOk);
+}
+
+TEST_CASE("cli: a log file that cannot be written stops with one warning, and the run goes on", "[cli][log]") {
+  TempDir tmp("log_full");
+  // /dev/full: every write succeeds into the buffer and every flush fails with ENOSPC, as on a full
+  // disk. spdlog's file sink threw that from log::write, out of the training loop, and again from
+  // the error report (std::terminate, exit 134).
+  const std::string log_path = tmp / "train.log";
+  REQUIRE(::symlink("/dev/full", log_path.c_str()) == 0);
+  std::string err = stderr_of([&] {
+    train::log::set_file(log_path);
+    CHECK_NOTHROW(train::log::warn("first line"));
+    CHECK_NOTHROW(train::log::error("second line"));
+    train::log::set_file("");
+  });
+  CHECK(count_of(err, "cannot write the log file " + log_path + " (" + std::strerror(ENOSPC) + ")") == 1);
+  CHECK_THAT(err, Catch::Contains("first line") && Catch::Contains("second line"));  // the console has them
+
+  // A run whose train.log is on a full disk trains to the end and checkpoints.
+  const std::string cfg = tmp.write("run.yaml", kSynthetic);
+  const std::string run_dir = tmp / "run";
+  train::files::make_directories(run_dir);
+  REQUIRE(::symlink("/dev/full", train::files::join(run_dir, "train.log").c_str()) == 0);
+  int rc = -1;
+  err = stderr_of([&] { rc = cli({"fit", cfg, "--run-dir", run_dir}); });
+  CHECK(rc == train::kExitOk);
+  CHECK(count_of(err, "cannot write the log file " + train::files::join(run_dir, "train.log")) == 1);
+  CHECK(train::files::exists(train::files::join(run_dir, "checkpoints/step_00000002.pt")));
 }
 
 TEST_CASE("cli: a run directory in use by another run is refused before anything in it changes", "[cli]") {

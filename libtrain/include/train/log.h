@@ -12,10 +12,13 @@ void set_level(Level level);
 void set_level(const std::string& name);  // trace|debug|info|warn|error|off
 // Only rank 0 prints by default in multi-process runs; other ranks log warnings and errors.
 void set_rank(int rank);
-// Also append every message to this file (for example <run_dir>/train.log); "" stops it.
+// Also append every message to this file (for example <run_dir>/train.log), creating its
+// directory; "" stops it. Throws train::Error naming the file when it cannot be opened. A write to
+// it that fails later (a full disk) stops the file with one warning on the console naming it and
+// the reason; logging never throws.
 void set_file(const std::string& path);
 
-void write(Level level, const std::string& message);
+void write(Level level, const std::string& message) noexcept;
 inline void trace(const std::string& m) { write(Level::trace, m); }
 inline void debug(const std::string& m) { write(Level::debug, m); }
 inline void info(const std::string& m) { write(Level::info, m); }
