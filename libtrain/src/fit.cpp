@@ -192,8 +192,10 @@ FitReport train_in_run_dir(const Config& config, RunParts& run, const std::strin
     files::make_directories(run_dir);
     lock.emplace(run_dir);
     // What a write killed before its rename left (a kill or a full disk in an earlier run here).
+    // An event file's would be read by TensorBoard (any name with "tfevents" in it) and shown twice.
     detail::remove_stale_temporaries(run_dir, [](const std::string& target) {
-      return target == "config.yaml" || target == "plan.json" || target == "metrics.jsonl";
+      return target == "config.yaml" || target == "plan.json" || target == "metrics.jsonl" ||
+             target.rfind("events.out.tfevents.", 0) == 0;
     });
     // Another run may have checkpointed here between check_fit_options and the lock.
     if (resume_path.empty() && !latest_checkpoint(files::join(run_dir, "checkpoints")).empty()) {
