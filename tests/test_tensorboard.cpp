@@ -5,6 +5,7 @@
 #include <train/config.h>
 #include <train/errors.h>
 #include <train/files.h>
+#include <train/log.h>
 #include <train/metrics.h>
 
 #include <algorithm>
@@ -15,6 +16,8 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include "comma_locale.h"
 
 using Catch::Matchers::Contains;
 namespace files = train::files;
@@ -139,6 +142,33 @@ TEST_CASE("format_duration: the unit follows the rounded value", "[metrics]") {
   CHECK(train::format_duration(3599.7) == "1h00m");  // not "60m00s"
   CHECK(train::format_duration(3660) == "1h01m");
   CHECK(train::format_duration(-1) == "?");
+}
+
+TEST_CASE("metrics: JSON rows and resume truncation do not depend on the global C++ locale", "[metrics]") {
+  TempDir tmp;
+  const std::string path = tmp / "metrics.jsonl";
+  train::testing::CommaDecimalLocale comma;
+  REQUIRE(comma.sample() == "12.345,5");  // a stream made now would write that
+  train::MetricRecord r;
+  r.add("step", int64_t{12345}).add("loss", 2.5).add("lr", 0.1);
+  CHECK(r.to_json() == "{\"step\":12345,\"loss\":2.5,\"lr\":0.1}");
+  {
+    train::JsonlWriter jsonl(path);
+    for (const int64_t step : {999, 1000, 1001, 12345}) {
+      train::MetricRecord row;
+      row.add("step", step).add("loss", 0.5);
+      jsonl.write(row);
+    }
+    // Read back by its step: "1.001" would be step 1, and kept.
+    jsonl.truncate_after(1000);
+  }
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  CHECK(text.str() == "{\"step\":999,\"loss\":0.5}\n{\"step\":1000,\"loss\":0.5}\n");
+  // The log (train.log, error messages) too.
+  CHECK(train::log::str("loss ", 2.5, " at step ", 12345) == "loss 2.5 at step 12345");
+  CHECK(train::log::fixed(1234.56, 1) == "1234.6");
 }
 
 TEST_CASE("tensorboard: CRC-32C known answers", "[tensorboard]") {

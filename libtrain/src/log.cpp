@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <iomanip>
+#include <locale>
 #include <memory>
 #include <mutex>
 
@@ -130,6 +131,7 @@ void write(Level level, const std::string& message) noexcept {
 
 std::string fixed(double value, int digits) {
   std::ostringstream out;
+  out.imbue(std::locale::classic());  // see str()
   out << std::fixed << std::setprecision(digits) << value;
   return out.str();
 }

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <cstring>
 #include <limits>
+#include <locale>
 #include <optional>
 #include <sstream>
 #include <string_view>
@@ -74,6 +75,8 @@ std::string json_quote(const std::string& text) {
 
 std::string MetricRecord::to_json() const {
   std::ostringstream out;
+  // A stream takes the global locale: a host program's German one would write 2,5 and 12.345.
+  out.imbue(std::locale::classic());
   out.precision(std::numeric_limits<double>::max_digits10 - 2);  // 15 significant digits
   out << '{';
   bool first = true;

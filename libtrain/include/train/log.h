@@ -1,6 +1,7 @@
 #pragma once
 // Logging facade over spdlog. The header stays free of spdlog/fmt so that translation units
 // that include LibTorch (whose wheel bundles its own fmt) never see Debian's fmt.
+#include <locale>
 #include <sstream>
 #include <string>
 
@@ -25,10 +26,12 @@ inline void info(const std::string& m) { write(Level::info, m); }
 inline void warn(const std::string& m) { write(Level::warn, m); }
 inline void error(const std::string& m) { write(Level::error, m); }
 
-// str("a=", 1, " b=", 2.5) -> "a=1 b=2.5"
+// str("a=", 1, " b=", 2.5) -> "a=1 b=2.5", never "b=2,5" or "12.345" under a host program's global
+// C++ locale: train.log and error messages read the same everywhere, and scripts parse them.
 template <typename... Args>
 std::string str(const Args&... args) {
   std::ostringstream out;
+  out.imbue(std::locale::classic());
   (out << ... << args);
   return out.str();
 }

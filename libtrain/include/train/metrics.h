@@ -32,7 +32,8 @@ class MetricRecord {
   MetricRecord& add(const std::string& key, const std::string& value);
   MetricRecord& add(const std::string& key, const char* value) { return add(key, std::string(value)); }
   const std::vector<std::pair<std::string, Value>>& fields() const { return fields_; }
-  // One JSON object on one line. Non-finite doubles become null.
+  // One JSON object on one line. Non-finite doubles become null. Numbers are written as JSON
+  // has them (1234.5) whatever the global C++ locale.
   std::string to_json() const;
 
  private:
