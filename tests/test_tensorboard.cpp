@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -243,12 +244,17 @@ TEST_CASE("tensorboard: TensorBoard's EventAccumulator reads the records metrics
     val.add("step", int64_t{5}).add("split", "val").add("loss", 0.7).add("accuracy", 0.8125)
         .add("samples", int64_t{16}).add("flag", true);
     sink.write(val);
+    // A diverging step: metrics.jsonl has null (JSON has no NaN or infinity), the events the number.
+    train::MetricRecord nonfinite;
+    nonfinite.add("step", int64_t{6}).add("split", "train").add("loss", std::nan(""))
+        .add("grad_norm", std::numeric_limits<double>::infinity());
+    sink.write(nonfinite);
   }
   REQUIRE(event_files(tmp.path).size() == 1);
   CHECK(train::testing::run_python("tensorboard_events.py",
                                    "check " + tmp.path + " " + tmp / "metrics.jsonl" +
-                                       " train/loss train/lr train/samples_per_s train/peak_memory_mib val/accuracy") ==
-        0);
+                                       " train/loss train/lr train/samples_per_s train/peak_memory_mib val/accuracy"
+                                       " train/grad_norm") == 0);
 
   // A flipped byte in the events fails the reader's CRC check, and the oracle notices.
   const std::string events = event_files(tmp.path).front();

@@ -12,8 +12,9 @@ produced. Two readers, which must both agree with the rows:
   tensorboard_events.py check DIR METRICS.jsonl [REQUIRED_TAG...]
 
 Every numeric field of every row except `step` must appear as the scalar "<split>/<field>" at the
-row's step with the row's value (as float32), and nothing else. The first event must carry
-file_version "brain.Event:2"; each REQUIRED_TAG must be present.
+row's step with the row's value (as float32), and nothing else; a null (metrics.jsonl's non-finite
+number) must appear as a non-finite scalar. The first event must carry file_version
+"brain.Event:2"; each REQUIRED_TAG must be present.
 Exits 1 on any difference, 2 on bad usage or a missing package.
 """
 import json
@@ -36,11 +37,22 @@ def expected_scalars(jsonl_path):
             row = json.loads(line)
             split = row.get("split", "")
             for key, value in row.items():
-                if key == "step" or isinstance(value, (bool, str)) or value is None:
+                if key == "step" or isinstance(value, (bool, str)):
                     continue
                 tag = f"{split}/{key}" if split else key
-                want.setdefault(tag, []).append((row.get("step", 0), float(np.float32(value))))
+                # JSON has no NaN or infinity: the writer puts null where the event has the number.
+                want.setdefault(tag, []).append((row.get("step", 0), NONFINITE if value is None
+                                                 else float(np.float32(value))))
     return want
+
+
+NONFINITE = object()  # a null in metrics.jsonl: any non-finite value matches
+
+
+def same_value(got, want):
+    if want is NONFINITE:
+        return not math.isfinite(got)
+    return got == want or abs(got - want) <= 1e-6 * abs(want)
 
 
 def raw_scalars(directory, events):
@@ -59,11 +71,10 @@ def compare(reader, got, want, problems):
         problems.append(f"{reader}: tags {sorted(got)} != {sorted(want)}")
     for tag in sorted(set(got) & set(want)):
         g, w = got[tag], want[tag]
-        same = len(g) == len(w) and all(
-            gs == ws and (gv == wv or (math.isnan(gv) and math.isnan(wv)) or abs(gv - wv) <= 1e-6 * abs(wv))
-            for (gs, gv), (ws, wv) in zip(g, w))
+        same = len(g) == len(w) and all(gs == ws and same_value(gv, wv) for (gs, gv), (ws, wv) in zip(g, w))
         if not same:
-            problems.append(f"{reader}: {tag}: events {g} != jsonl {w}")
+            show = [(s, "non-finite" if v is NONFINITE else v) for s, v in w]
+            problems.append(f"{reader}: {tag}: events {g} != jsonl {show}")
 
 
 def check(directory, jsonl_path, required):
