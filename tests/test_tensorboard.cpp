@@ -145,6 +145,15 @@ TEST_CASE("format_duration: the unit follows the rounded value", "[metrics]") {
   CHECK(train::format_duration(-1) == "?");
 }
 
+TEST_CASE("format_duration: hours past int's range, and a bound far beyond any run", "[metrics]") {
+  // An ETA from a step time of hours over millions of steps: int minutes wrapped to "-35791394h-8m".
+  CHECK(train::format_duration(1e12) == "277777777h47m");
+  CHECK(train::format_duration(3.5e12) == "972222222h13m");
+  CHECK(train::format_duration(3.6e12) == ">1000000000h");
+  CHECK(train::format_duration(1e300) == ">1000000000h");
+  CHECK(train::format_duration(std::numeric_limits<double>::infinity()) == "?");
+}
+
 TEST_CASE("metrics: JSON rows and resume truncation do not depend on the global C++ locale", "[metrics]") {
   TempDir tmp;
   const std::string path = tmp / "metrics.jsonl";

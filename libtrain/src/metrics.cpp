@@ -438,6 +438,11 @@ void MetricsSink::write(const MetricRecord& record) {
   tensorboard_.write(record);
 }
 
+namespace {
+// A billion hours: longer than any run, and far inside int64 minutes.
+constexpr double kMaxDurationSeconds = 3.6e12;
+}  // namespace
+
 std::string format_duration(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "?";
   char buf[32];
@@ -447,9 +452,12 @@ std::string format_duration(double seconds) {
   } else if (seconds < 3599.5) {
     const int s = static_cast<int>(seconds + 0.5);
     std::snprintf(buf, sizeof(buf), "%dm%02ds", s / 60, s % 60);
+  } else if (seconds < kMaxDurationSeconds) {
+    // In int64: an ETA from a step time of hours on a long run passes int's 2^31 minutes.
+    const auto m = static_cast<long long>(seconds / 60 + 0.5);
+    std::snprintf(buf, sizeof(buf), "%lldh%02lldm", m / 60, m % 60);
   } else {
-    const int m = static_cast<int>(seconds / 60 + 0.5);
-    std::snprintf(buf, sizeof(buf), "%dh%02dm", m / 60, m % 60);
+    std::snprintf(buf, sizeof(buf), ">%.0fh", kMaxDurationSeconds / 3600);
   }
   return buf;
 }

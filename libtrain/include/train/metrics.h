@@ -130,7 +130,8 @@ class Meter {
   int64_t count_ = 0;
 };
 
-// "1h02m", "3m12s", "8.1s"
+// "1h02m", "3m12s", "8.1s"; ">1000000000h" beyond a billion hours, "?" for a negative or
+// non-finite time.
 std::string format_duration(double seconds);
 // JSON string escaping (quotes included); bytes that are not valid UTF-8 become U+FFFD.
 std::string json_quote(const std::string& s);
