@@ -126,6 +126,28 @@ TEST_CASE("cli: fit writes the run directory, and a second fit needs --resume", 
   CHECK(cli({"plan", cfg, "--json"}) == train::kExitOk);
 }
 
+TEST_CASE("cli: the done line of a resumed run counts the steps this process took", "[cli]") {
+  TempDir tmp("done");
+  const std::string cfg = tmp.write("run.yaml", std::string(kSynthetic) + "checkpoint: {every_steps: 1}\n");
+  const std::string run_dir = tmp / "run";
+  const auto fit = [&](const std::string& max_steps) {
+    std::vector<std::string> args{"fit", cfg, "--run-dir", run_dir, "--set", "trainer.max_steps=" + max_steps};
+    if (train::files::exists(run_dir)) args.insert(args.end(), {"--resume", "auto"});
+    REQUIRE(cli(args) == train::kExitOk);
+  };
+  fit("2");
+  fit("4");
+  fit("5");
+  fit("5");  // resumed from the final checkpoint: nothing to train
+  std::stringstream log;
+  log << std::ifstream(train::files::join(run_dir, "train.log")).rdbuf();
+  // The time on each line is this process's, so the count must be too, not the run's 4 or 5.
+  CHECK(count_of(log.str(), "done: 2 steps in ") == 1);
+  CHECK(count_of(log.str(), "done: steps 3-4 (2 in this run) in ") == 1);
+  CHECK(count_of(log.str(), "done: step 5 (1 in this run) in ") == 1);
+  CHECK(count_of(log.str(), "done: 0 steps in this run (resumed at step 5) in ") == 1);
+}
+
 TEST_CASE("cli: a log file that cannot be written stops with one warning, and the run goes on", "[cli][log]") {
   TempDir tmp("log_full");
   // /dev/full: every write succeeds into the buffer and every flush fails with ENOSPC, as on a full
