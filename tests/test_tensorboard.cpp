@@ -1,6 +1,7 @@
 #include "testing.h"
 
 #include <png.h>
+#include <sys/resource.h>
 #include <train/cli.h>
 #include <train/config.h>
 #include <train/errors.h>
@@ -9,7 +10,9 @@
 #include <train/metrics.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <csignal>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -179,6 +182,48 @@ TEST_CASE("metrics: JSON rows and resume truncation do not depend on the global 
   // The log (train.log, error messages) too.
   CHECK(train::log::str("loss ", 2.5, " at step ", 12345) == "loss 2.5 at step 12345");
   CHECK(train::log::fixed(1234.56, 1) == "1234.6");
+}
+
+namespace {
+
+// Sets this process's file size limit (RLIMIT_FSIZE) while alive: a write past it fails with
+// EFBIG, as a full disk fails one with ENOSPC. SIGXFSZ, which would end the process, is ignored.
+class FileSizeLimit {
+ public:
+  explicit FileSizeLimit(rlim_t bytes) {
+    REQUIRE(::getrlimit(RLIMIT_FSIZE, &previous_) == 0);
+    previous_handler_ = std::signal(SIGXFSZ, SIG_IGN);
+    rlimit limit = previous_;
+    limit.rlim_cur = bytes;
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &limit) == 0);
+  }
+  ~FileSizeLimit() {
+    ::setrlimit(RLIMIT_FSIZE, &previous_);
+    std::signal(SIGXFSZ, previous_handler_);
+  }
+  FileSizeLimit(const FileSizeLimit&) = delete;
+  FileSizeLimit& operator=(const FileSizeLimit&) = delete;
+
+ private:
+  rlimit previous_{};
+  void (*previous_handler_)(int) = SIG_DFL;
+};
+
+}  // namespace
+
+TEST_CASE("metrics: a failed write names the file and the system's reason", "[metrics][tensorboard]") {
+  train::MetricRecord r;
+  r.add("step", int64_t{1}).add("split", "train").add("loss", 0.5);
+  train::JsonlWriter jsonl("/dev/full");  // every write: ENOSPC
+  CHECK_THROWS_WITH(jsonl.write(r), Contains("failed writing metrics file /dev/full") &&
+                                        Contains(std::strerror(ENOSPC)));
+
+  TempDir tmp;
+  train::TensorBoardWriter events(tmp.path);  // its first record (file_version) is written now
+  const std::string path = events.path();
+  FileSizeLimit limit(files::file_size(path) + 8);
+  CHECK_THROWS_WITH(events.write(r), Contains("failed writing TensorBoard event file " + path) &&
+                                         Contains(std::strerror(EFBIG)));
 }
 
 TEST_CASE("tensorboard: CRC-32C known answers", "[tensorboard]") {

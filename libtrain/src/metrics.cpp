@@ -98,6 +98,17 @@ std::string MetricRecord::to_json() const {
   return out.str();
 }
 
+namespace {
+
+// The reason a write to a stream failed, from the errno its last system call left (cleared before
+// the write, so 0 means the failure was not the system's).
+std::string write_failure(int error) {
+  if (error == 0) return "write error";
+  return std::string(std::strerror(error)) + (error == ENOSPC || error == EDQUOT ? "; free space there" : "");
+}
+
+}  // namespace
+
 JsonlWriter::JsonlWriter(const std::string& path) : path_(path) {
   files::make_directories(files::parent(path));  // a Trainer given a new run directory creates it
   out_.open(path, std::ios::app);
@@ -106,9 +117,11 @@ JsonlWriter::JsonlWriter(const std::string& path) : path_(path) {
 
 void JsonlWriter::write(const MetricRecord& record) {
   if (!out_.is_open()) return;
-  out_ << record.to_json() << '\n';
+  const std::string line = record.to_json() + '\n';
+  errno = 0;
+  out_.write(line.data(), static_cast<std::streamsize>(line.size()));
   out_.flush();
-  if (!out_) throw Error("failed writing metrics file " + path_);
+  if (!out_) throw Error("failed writing metrics file " + path_ + " (" + write_failure(errno) + ")");
 }
 
 void JsonlWriter::truncate_after(int64_t step) {
@@ -130,7 +143,7 @@ void JsonlWriter::truncate_after(int64_t step) {
   }
   detail::write_text_atomically(path_, kept);
   out_.open(path_, std::ios::app);
-  if (!out_) throw Error("cannot open metrics file " + path_ + " for writing");
+  if (!out_) throw Error("cannot open metrics file " + path_ + " for writing (" + std::strerror(errno) + ")");
 }
 
 // ---- TensorBoard ------------------------------------------------------------------------------
@@ -337,7 +350,7 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir) : dir_(dir) {
                 static_cast<long long>(unix_time_now()), host, static_cast<int>(::getpid()), counter++);
   path_ = files::join(dir, name);
   out_.open(path_, std::ios::binary | std::ios::trunc);
-  if (!out_) throw Error("cannot open TensorBoard event file " + path_ + " for writing");
+  if (!out_) throw Error("cannot open TensorBoard event file " + path_ + " for writing (" + std::strerror(errno) + ")");
   std::string event;
   put_double(event, event_field::kWallTime, unix_time_now());
   put_bytes(event, event_field::kFileVersion, "brain.Event:2");
@@ -351,9 +364,10 @@ void TensorBoardWriter::write_event(const std::string& event) {
   put_little_endian(record, masked_crc32c(header.data(), header.size()), 4);
   record += event;
   put_little_endian(record, masked_crc32c(event.data(), event.size()), 4);
+  errno = 0;
   out_.write(record.data(), static_cast<std::streamsize>(record.size()));
   out_.flush();
-  if (!out_) throw Error("failed writing TensorBoard event file " + path_);
+  if (!out_) throw Error("failed writing TensorBoard event file " + path_ + " (" + write_failure(errno) + ")");
 }
 
 void TensorBoardWriter::add_scalars(int64_t step, const std::vector<std::pair<std::string, double>>& values,
