@@ -29,6 +29,7 @@
 
 #include "train/data/token_file.h"
 #include "train/files.h"
+#include "train/metrics.h"
 
 using Catch::Matchers::Contains;
 namespace files = train::files;
@@ -1032,6 +1033,22 @@ TEST_CASE("bad_input: a finished run's directory is left unchanged", "[bad_input
          d.write("folder/train/bee/1.jpg", cut(jpeg(32, 1), 250));
          return Invocation{{"fit", "cfg.yaml", "--run-dir", "run", "--resume", "run/checkpoints/step_00000001.pt",
                             "--set", "trainer.max_steps=3"},
+                           {root + "/train/bee/1.jpg", "JPEG", "left run as it was before this run"}};
+       }},
+      {"--resume from an older checkpoint with an event file over 256 KiB, then a truncated JPEG: its events come back",
+       kExitData,
+       [&](const CaseDir& d) {
+         const std::string root =
+             finished_run(d, {"--set", "trainer.max_steps=2", "--set", "checkpoint.every_steps=1"});
+         // Events after step 1, which the resumed run (with TensorBoard on) rewrites the file without.
+         {
+           train::TensorBoardWriter events(d / "run");
+           for (int i = 0; i < 6000; ++i) events.add_scalars(2, {{"train/note", i}}, 1.0);
+           REQUIRE(files::file_size(events.path()) > 256 * 1024);
+         }
+         d.write("folder/train/bee/1.jpg", cut(jpeg(32, 1), 250));
+         return Invocation{{"fit", "cfg.yaml", "--run-dir", "run", "--resume", "run/checkpoints/step_00000001.pt",
+                            "--set", "trainer.max_steps=3", "--set", "logging.tensorboard=true"},
                            {root + "/train/bee/1.jpg", "JPEG", "left run as it was before this run"}};
        }},
       {"eval: a truncated JPEG in the val split", kExitData,

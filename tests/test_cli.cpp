@@ -11,7 +11,9 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -122,6 +124,56 @@ TEST_CASE("cli: fit writes the run directory, and a second fit needs --resume", 
   CHECK(cli({"eval", cfg, "--checkpoint", train::files::join(run_dir, "checkpoints/step_00000003.pt")}) ==
         train::kExitOk);
   CHECK(cli({"plan", cfg, "--json"}) == train::kExitOk);
+}
+
+TEST_CASE("cli: the done line of a resumed run counts the steps this process took", "[cli]") {
+  TempDir tmp("done");
+  const std::string cfg = tmp.write("run.yaml", std::string(kSynthetic) + "checkpoint: {every_steps: 1}\n");
+  const std::string run_dir = tmp / "run";
+  const auto fit = [&](const std::string& max_steps) {
+    std::vector<std::string> args{"fit", cfg, "--run-dir", run_dir, "--set", "trainer.max_steps=" + max_steps};
+    if (train::files::exists(run_dir)) args.insert(args.end(), {"--resume", "auto"});
+    REQUIRE(cli(args) == train::kExitOk);
+  };
+  fit("2");
+  fit("4");
+  fit("5");
+  fit("5");  // resumed from the final checkpoint: nothing to train
+  std::stringstream log;
+  log << std::ifstream(train::files::join(run_dir, "train.log")).rdbuf();
+  // The time on each line is this process's, so the count must be too, not the run's 4 or 5.
+  CHECK(count_of(log.str(), "done: 2 steps in ") == 1);
+  CHECK(count_of(log.str(), "done: steps 3-4 (2 in this run) in ") == 1);
+  CHECK(count_of(log.str(), "done: step 5 (1 in this run) in ") == 1);
+  CHECK(count_of(log.str(), "done: 0 steps in this run (resumed at step 5) in ") == 1);
+}
+
+TEST_CASE("cli: a log file that cannot be written stops with one warning, and the run goes on", "[cli][log]") {
+  TempDir tmp("log_full");
+  // /dev/full: every write succeeds into the buffer and every flush fails with ENOSPC, as on a full
+  // disk. spdlog's file sink threw that from log::write, out of the training loop, and again from
+  // the error report (std::terminate, exit 134).
+  const std::string log_path = tmp / "train.log";
+  REQUIRE(::symlink("/dev/full", log_path.c_str()) == 0);
+  std::string err = stderr_of([&] {
+    train::log::set_file(log_path);
+    CHECK_NOTHROW(train::log::warn("first line"));
+    CHECK_NOTHROW(train::log::error("second line"));
+    train::log::set_file("");
+  });
+  CHECK(count_of(err, "cannot write the log file " + log_path + " (" + std::strerror(ENOSPC) + ")") == 1);
+  CHECK_THAT(err, Catch::Contains("first line") && Catch::Contains("second line"));  // the console has them
+
+  // A run whose train.log is on a full disk trains to the end and checkpoints.
+  const std::string cfg = tmp.write("run.yaml", kSynthetic);
+  const std::string run_dir = tmp / "run";
+  train::files::make_directories(run_dir);
+  REQUIRE(::symlink("/dev/full", train::files::join(run_dir, "train.log").c_str()) == 0);
+  int rc = -1;
+  err = stderr_of([&] { rc = cli({"fit", cfg, "--run-dir", run_dir}); });
+  CHECK(rc == train::kExitOk);
+  CHECK(count_of(err, "cannot write the log file " + train::files::join(run_dir, "train.log")) == 1);
+  CHECK(train::files::exists(train::files::join(run_dir, "checkpoints/step_00000002.pt")));
 }
 
 TEST_CASE("cli: a run directory in use by another run is refused before anything in it changes", "[cli]") {

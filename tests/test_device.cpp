@@ -542,6 +542,52 @@ TEST_CASE("device: CPU memory is capped by the cgroup memory limit", "[device]")
   CHECK(host.available == host.total);
 }
 
+TEST_CASE("device: host memory says where its figures come from, and when MemAvailable is missing",
+          "[device][doctor]") {
+  const FakeFiles f;
+  const std::string self = f / "self_cgroup";
+  const int64_t gi = int64_t{1} << 30;
+  const std::string meminfo = f.put("meminfo", "MemTotal:       16777216 kB\nMemAvailable:   12582912 kB\n");
+  f.put("self_cgroup", "0::/\n");
+  MemoryAmount host = host_memory(meminfo, f / "none", self);
+  CHECK(host.available == 12 * gi);
+  CHECK(host.source == "MemAvailable in " + meminfo);
+  CHECK(host.warning.empty());
+
+  // A kernel before 3.14 (or a container's substitute meminfo) has no MemAvailable: all of MemTotal
+  // counts, which the plan's CPU budget takes 90% of, and that is said, not done silently.
+  const std::string old_kernel = f.put("meminfo_old", "MemTotal:       16777216 kB\nMemFree:  100 kB\n");
+  host = host_memory(old_kernel, f / "none", self);
+  CHECK(host.available == 16 * gi);
+  CHECK(host.source == "MemTotal in " + old_kernel);
+  CHECK_THAT(host.warning, Contains("no usable MemAvailable in " + old_kernel) && Contains("tuning.micro_batch"));
+  const DoctorCheck guessed = memory_check(host);
+  CHECK(guessed.name == "memory");
+  CHECK(guessed.status == "warn");
+  CHECK(guessed.hint == host.warning);
+  CHECK_THAT(guessed.detail, Contains("16.0 GiB available of 16.0 GiB (MemTotal in " + old_kernel + ")"));
+
+  // A cgroup v2 limit below MemAvailable: the limit's file is the source.
+  f.put("v2/cgroup.controllers", "memory\n");
+  f.put("v2/a/memory.max", std::to_string(4 * gi) + "\n");
+  f.put("v2/a/memory.current", std::to_string(gi) + "\n");
+  f.put("self_cgroup", "0::/a\n");
+  host = host_memory(old_kernel, f / "v2", self);
+  CHECK(host.available == 3 * gi);
+  CHECK(host.source == "cgroup v2 limit " + f / "v2/a/memory.max" + ", below MemTotal in " + old_kernel);
+  CHECK(host.warning.empty());  // the cgroup's own account, not a guess
+  const DoctorCheck limited = memory_check(host);
+  CHECK(limited.status == "info");
+  CHECK(limited.detail == "3.0 GiB available of 4.0 GiB (" + host.source +
+                              "); a CPU run's memory budget is tuning.memory_fraction (0.9 by default) of the "
+                              "available: 2.7 GiB");
+  // cgroup v1 names its own file.
+  f.put("v1/memory/x/memory.limit_in_bytes", std::to_string(2 * gi) + "\n");
+  f.put("self_cgroup", "3:memory:/x\n");
+  CHECK(host_memory(meminfo, f / "v1", self).source ==
+        "cgroup v1 limit " + f / "v1/memory/x/memory.limit_in_bytes" + ", below MemAvailable in " + meminfo);
+}
+
 TEST_CASE("device: the CPU model from cpuinfo on x86 and aarch64", "[device]") {
   const FakeFiles f;
   CHECK(cpu_model_name(f.put("x86", "processor\t: 0\nvendor_id\t: GenuineIntel\n"
@@ -696,7 +742,7 @@ TEST_CASE("doctor: the JSON report parses also with invalid UTF-8 in CUDA_VISIBL
   const std::vector<DoctorCheck> checks = run_doctor();
   std::set<std::string> names;
   for (const DoctorCheck& c : checks) names.insert(c.name);
-  for (const char* name : {"libtorch", "cpu", "blas", "smoke_tensor", "smoke_matmul", "smoke_conv"}) {
+  for (const char* name : {"libtorch", "cpu", "blas", "memory", "smoke_tensor", "smoke_matmul", "smoke_conv"}) {
     CAPTURE(name);
     CHECK(names.count(name) == 1);
   }
@@ -707,6 +753,10 @@ TEST_CASE("doctor: the JSON report parses also with invalid UTF-8 in CUDA_VISIBL
     if (c.name.rfind("smoke_", 0) == 0) CHECK(c.status == "ok");
   }
   CHECK(python_accepts_json(doctor_json(checks), "any(c['name'] == 'smoke_conv' and c['status'] == 'ok' for c in d)"));
+  // Host memory, which a CPU plan's memory budget comes from, with its source, in the text and the JSON.
+  CHECK_THAT(doctor_text(checks), Contains(" available of ") && Contains("/proc/meminfo"));
+  CHECK(python_accepts_json(doctor_json(checks), "any(c['name'] == 'memory' and '/proc/meminfo' in c['detail'] "
+                                                 "and 'tuning.memory_fraction' in c['detail'] for c in d)"));
 
   // The variable's bytes are shown as \xNN; any other invalid UTF-8 becomes U+FFFD.
   const DoctorCheck gpus = gpus_check(0, DriverState::usable, {1, true, 1}, "\xff\xfe\"0\n");

@@ -384,8 +384,10 @@ TEST_CASE("temporary files left by killed writes are removed when a run starts i
                                       "step_00000030.pt.bak"};
   for (const auto& name : stale) std::ofstream(files::join(ckpts, name)) << "half a checkpoint";
   for (const auto& name : kept) std::ofstream(files::join(ckpts, name)) << "something";
-  // The run directory's own files (written the same way), and one that is not the run's.
-  const std::vector<std::string> stale_top{"config.yaml.tmp." + d, "plan.json.tmp." + d, "metrics.jsonl.tmp." + d};
+  // The run directory's own files (written the same way), and one that is not the run's. A resume
+  // rewrites the event files: TensorBoard would read a leftover of one ("tfevents" in its name).
+  const std::vector<std::string> stale_top{"config.yaml.tmp." + d, "plan.json.tmp." + d, "metrics.jsonl.tmp." + d,
+                                           "events.out.tfevents.1796323316.host.42.000000.tmp." + d};
   const std::string kept_top = "results.csv.tmp." + d;
   for (const auto& name : stale_top) std::ofstream(files::join(run_dir, name)) << "half a file";
   std::ofstream(files::join(run_dir, kept_top)) << "the user's";

@@ -8,6 +8,8 @@
 
 #include <cmath>
 
+#include "comma_locale.h"
+
 using namespace train;
 
 namespace {
@@ -94,6 +96,17 @@ TEST_CASE("plan: device-dependent decisions", "[plan]") {
   PlanInputs dynamic = conv;
   dynamic.static_shapes = false;
   CHECK_FALSE(make_plan(c, gpu_profile(8), dynamic).cudnn_benchmark);
+}
+
+TEST_CASE("plan: plan.json does not depend on the global C++ locale", "[plan]") {
+  Config c = base_config(64);
+  c.optim.lr = 0.25;
+  testing::CommaDecimalLocale comma;
+  REQUIRE(comma.sample() == "12.345,5");  // a stream made now would write that
+  const std::string json = make_plan(c, cpu_profile(), {}).to_json();
+  CHECK_THAT(json, Catch::Contains("\"lr\":0.25,") &&
+                       Catch::Contains("{\"name\":\"lr\",\"value\":\"0.25\",\"reason\":\"optim.lr"));
+  CHECK_THAT(json, !Catch::Contains("0,25"));
 }
 
 TEST_CASE("plan: schedule length from epochs or max_steps", "[plan]") {

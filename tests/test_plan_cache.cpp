@@ -2,7 +2,10 @@
 
 #include <train/files.h>
 #include <fstream>
+#include <iterator>
 #include <train/plan_cache.h>
+
+#include "comma_locale.h"
 
 using namespace train;
 
@@ -52,6 +55,31 @@ TEST_CASE("plan cache: miss, store, hit, and what changed", "[plan][cache]") {
   // A damaged entry is a miss, not an error.
   std::ofstream(files::join(dir, a100.hash() + ".json")) << "{not json";
   CHECK_FALSE(cache.find(a100).has_value());
+  files::remove_all(dir);
+}
+
+TEST_CASE("plan cache: an entry round-trips under a comma-decimal global C++ locale", "[plan][cache]") {
+  const std::string dir = files::make_temp_directory("train_plan_cache_");
+  testing::CommaDecimalLocale comma;
+  REQUIRE(comma.sample() == "12.345,5");  // a stream made now would write that
+  PlanCache cache(dir);
+  const PlanCacheKey key = key_for("NVIDIA A100-SXM4-80GB");
+  MemoryEvidence m;
+  m.fixed_bytes = 123456789;
+  m.per_sample_bytes = 0.1 + 38.0 * (1 << 20);
+  m.budget_bytes = int64_t{72} << 30;
+  m.max_micro_batch = 1900;
+  m.source = "probe";
+  m.throughput = {{16, 1000.5}};
+  m.throughput_choice = 16;
+  cache.store(key, m, "run.yaml");
+  std::ifstream in(files::join(dir, key.hash() + ".json"));
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK_THAT(text, Catch::Contains("\"per_sample_bytes\":39845888.100000001"));
+  const auto hit = cache.find(key);  // yaml-cpp's own number reading would fail on "1000.5" here
+  REQUIRE(hit.has_value());
+  CHECK(hit->per_sample_bytes == m.per_sample_bytes);
+  CHECK(hit->throughput == m.throughput);
   files::remove_all(dir);
 }
 

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "train/amp.h"
@@ -239,6 +240,36 @@ TEST_CASE("probes run bf16 autocast with channels_last on the CPU", "[probe]") {
   CHECK(probe_throughput(*model, options, {2}).at(0).seconds_per_step > 0);
   CHECK(ModelSnapshot(*model) == before);  // strides included: back in the model's own layout
   CHECK_FALSE(autocast_enabled(torch::kCPU));
+}
+
+TEST_CASE("a probe that runs out of memory while copying the model leaves the model as it was", "[probe]") {
+  auto model = small_resnet();
+  {  // gradients from an earlier step must survive too
+    auto loss = model->forward(torch::randn({2, 1, 16, 16})).sum();
+    loss.backward();
+  }
+  const ModelSnapshot before(*model);
+  int64_t state_bytes = 0;  // what the probe's copies of the parameters and buffers take
+  for (const auto& t : model->parameters()) state_bytes += t.nbytes();
+  for (const auto& t : model->buffers()) state_bytes += t.nbytes();
+  ProbeOptions options = small_resnet_options("cpu");
+  options.timed_steps = 1;
+  // probe_throughput keeps no counter of its own, so this one's limit applies to it: the CPU runs
+  // out of memory as the CUDA allocator would on a small GPU, first half way through the copies,
+  // then in the channels_last conversion after them.
+  for (const auto& [limit, channels_last] : {std::pair<int64_t, bool>{state_bytes / 2, false},
+                                             std::pair<int64_t, bool>{state_bytes + 1, true}}) {
+    CAPTURE(limit, channels_last);
+    options.channels_last = channels_last;
+    std::vector<ProbePoint> points;
+    {
+      CpuMemoryCounter counter(limit);
+      points = probe_throughput(*model, options, {2});
+    }
+    REQUIRE(points.size() == 1);
+    CHECK(points[0].oom);
+    CHECK(ModelSnapshot(*model) == before);  // its own storage, values, strides and gradients
+  }
 }
 
 TEST_CASE("probe options are validated", "[probe]") {

@@ -1,19 +1,27 @@
 #include "testing.h"
 
 #include <png.h>
+#include <sys/resource.h>
 #include <train/cli.h>
 #include <train/config.h>
 #include <train/errors.h>
 #include <train/files.h>
+#include <train/log.h>
 #include <train/metrics.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <csignal>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include "comma_locale.h"
 
 using Catch::Matchers::Contains;
 namespace files = train::files;
@@ -64,6 +72,57 @@ std::vector<std::string> event_files(const std::string& dir) {
   return out;
 }
 
+uint64_t varint(const std::string& bytes, size_t& at) {
+  uint64_t v = 0;
+  for (int shift = 0;; shift += 7) {
+    const auto byte = static_cast<uint8_t>(bytes.at(at++));
+    v |= static_cast<uint64_t>(byte & 0x7f) << shift;
+    if ((byte & 0x80) == 0) return v;
+  }
+}
+
+// The top-level fields of an Event that the tests look at, decoded independently of the writer.
+struct DecodedEvent {
+  int64_t step = 0;
+  bool summary = false;      // field 5: scalars
+  bool session_log = false;  // field 7
+};
+
+DecodedEvent decode_event(const std::string& bytes) {
+  DecodedEvent e;
+  size_t at = 0;
+  while (at < bytes.size()) {
+    const uint64_t key = varint(bytes, at);
+    switch (key & 7) {
+      case 0: {
+        const uint64_t v = varint(bytes, at);
+        if ((key >> 3) == 2) e.step = static_cast<int64_t>(v);
+        break;
+      }
+      case 1: at += 8; break;
+      case 5: at += 4; break;
+      case 2: {
+        at += varint(bytes, at);
+        if ((key >> 3) == 5) e.summary = true;
+        if ((key >> 3) == 7) e.session_log = true;
+        break;
+      }
+      default: FAIL("wire type " << (key & 7));
+    }
+  }
+  return e;
+}
+
+// The steps of the scalar events in an event file, in order.
+std::vector<int64_t> scalar_steps(const std::string& path) {
+  std::vector<int64_t> steps;
+  for (const std::string& record : tfrecords(read_bytes(path))) {
+    const DecodedEvent e = decode_event(record);
+    if (e.summary) steps.push_back(e.step);
+  }
+  return steps;
+}
+
 int cli(std::vector<std::string> args) {
   args.insert(args.begin(), "train");
   std::vector<char*> argv;
@@ -87,6 +146,84 @@ TEST_CASE("format_duration: the unit follows the rounded value", "[metrics]") {
   CHECK(train::format_duration(3599.7) == "1h00m");  // not "60m00s"
   CHECK(train::format_duration(3660) == "1h01m");
   CHECK(train::format_duration(-1) == "?");
+}
+
+TEST_CASE("format_duration: hours past int's range, and a bound far beyond any run", "[metrics]") {
+  // An ETA from a step time of hours over millions of steps: int minutes wrapped to "-35791394h-8m".
+  CHECK(train::format_duration(1e12) == "277777777h47m");
+  CHECK(train::format_duration(3.5e12) == "972222222h13m");
+  CHECK(train::format_duration(3.6e12) == ">1000000000h");
+  CHECK(train::format_duration(1e300) == ">1000000000h");
+  CHECK(train::format_duration(std::numeric_limits<double>::infinity()) == "?");
+}
+
+TEST_CASE("metrics: JSON rows and resume truncation do not depend on the global C++ locale", "[metrics]") {
+  TempDir tmp;
+  const std::string path = tmp / "metrics.jsonl";
+  train::testing::CommaDecimalLocale comma;
+  REQUIRE(comma.sample() == "12.345,5");  // a stream made now would write that
+  train::MetricRecord r;
+  r.add("step", int64_t{12345}).add("loss", 2.5).add("lr", 0.1);
+  CHECK(r.to_json() == "{\"step\":12345,\"loss\":2.5,\"lr\":0.1}");
+  {
+    train::JsonlWriter jsonl(path);
+    for (const int64_t step : {999, 1000, 1001, 12345}) {
+      train::MetricRecord row;
+      row.add("step", step).add("loss", 0.5);
+      jsonl.write(row);
+    }
+    // Read back by its step: "1.001" would be step 1, and kept.
+    jsonl.truncate_after(1000);
+  }
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  CHECK(text.str() == "{\"step\":999,\"loss\":0.5}\n{\"step\":1000,\"loss\":0.5}\n");
+  // The log (train.log, error messages) too.
+  CHECK(train::log::str("loss ", 2.5, " at step ", 12345) == "loss 2.5 at step 12345");
+  CHECK(train::log::fixed(1234.56, 1) == "1234.6");
+}
+
+namespace {
+
+// Sets this process's file size limit (RLIMIT_FSIZE) while alive: a write past it fails with
+// EFBIG, as a full disk fails one with ENOSPC. SIGXFSZ, which would end the process, is ignored.
+class FileSizeLimit {
+ public:
+  explicit FileSizeLimit(rlim_t bytes) {
+    REQUIRE(::getrlimit(RLIMIT_FSIZE, &previous_) == 0);
+    previous_handler_ = std::signal(SIGXFSZ, SIG_IGN);
+    rlimit limit = previous_;
+    limit.rlim_cur = bytes;
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &limit) == 0);
+  }
+  ~FileSizeLimit() {
+    ::setrlimit(RLIMIT_FSIZE, &previous_);
+    std::signal(SIGXFSZ, previous_handler_);
+  }
+  FileSizeLimit(const FileSizeLimit&) = delete;
+  FileSizeLimit& operator=(const FileSizeLimit&) = delete;
+
+ private:
+  rlimit previous_{};
+  void (*previous_handler_)(int) = SIG_DFL;
+};
+
+}  // namespace
+
+TEST_CASE("metrics: a failed write names the file and the system's reason", "[metrics][tensorboard]") {
+  train::MetricRecord r;
+  r.add("step", int64_t{1}).add("split", "train").add("loss", 0.5);
+  train::JsonlWriter jsonl("/dev/full");  // every write: ENOSPC
+  CHECK_THROWS_WITH(jsonl.write(r), Contains("failed writing metrics file /dev/full") &&
+                                        Contains(std::strerror(ENOSPC)));
+
+  TempDir tmp;
+  train::TensorBoardWriter events(tmp.path);  // its first record (file_version) is written now
+  const std::string path = events.path();
+  FileSizeLimit limit(files::file_size(path) + 8);
+  CHECK_THROWS_WITH(events.write(r), Contains("failed writing TensorBoard event file " + path) &&
+                                         Contains(std::strerror(EFBIG)));
 }
 
 TEST_CASE("tensorboard: CRC-32C known answers", "[tensorboard]") {
@@ -161,12 +298,17 @@ TEST_CASE("tensorboard: TensorBoard's EventAccumulator reads the records metrics
     val.add("step", int64_t{5}).add("split", "val").add("loss", 0.7).add("accuracy", 0.8125)
         .add("samples", int64_t{16}).add("flag", true);
     sink.write(val);
+    // A diverging step: metrics.jsonl has null (JSON has no NaN or infinity), the events the number.
+    train::MetricRecord nonfinite;
+    nonfinite.add("step", int64_t{6}).add("split", "train").add("loss", std::nan(""))
+        .add("grad_norm", std::numeric_limits<double>::infinity());
+    sink.write(nonfinite);
   }
   REQUIRE(event_files(tmp.path).size() == 1);
   CHECK(train::testing::run_python("tensorboard_events.py",
                                    "check " + tmp.path + " " + tmp / "metrics.jsonl" +
-                                       " train/loss train/lr train/samples_per_s train/peak_memory_mib val/accuracy") ==
-        0);
+                                       " train/loss train/lr train/samples_per_s train/peak_memory_mib val/accuracy"
+                                       " train/grad_norm") == 0);
 
   // A flipped byte in the events fails the reader's CRC check, and the oracle notices.
   const std::string events = event_files(tmp.path).front();
@@ -200,10 +342,97 @@ TEST_CASE("tensorboard: a resumed run's repeated steps replace the earlier attem
   int64_t rows = 0;
   for (std::string line; std::getline(in, line);) ++rows;
   CHECK(rows == 6);
-  // TensorBoard drops steps 4 and 5 of the first file (SessionLog START at step 4), so what it
-  // shows is the jsonl's steps 1-3 at 1.0 and 4-6 at 2.0, once each.
+  // The first file itself lost steps 4 and 5 (a SessionLog START alone hides them from Python's
+  // EventAccumulator only, not from TensorBoard's default reader, the data server).
+  std::vector<std::string> names = event_files(tmp.path);
+  std::sort(names.begin(), names.end());
+  CHECK(scalar_steps(names[0]) == std::vector<int64_t>{1, 2, 3});
+  CHECK(scalar_steps(names[1]) == std::vector<int64_t>{4, 5, 6});
+  // Both of TensorBoard's readers show the jsonl's steps 1-3 at 1.0 and 4-6 at 2.0, once each.
   CHECK(train::testing::run_python("tensorboard_events.py",
                                    "check " + tmp.path + " " + tmp / "metrics.jsonl" + " train/loss") == 0);
+}
+
+TEST_CASE("tensorboard: after a resume no event file holds a step after the checkpoint, whatever its tag",
+          "[tensorboard][python][resume]") {
+  TempDir tmp;
+  train::LoggingConfig logging;
+  auto record = [](int64_t step, const char* split, double loss) {
+    train::MetricRecord r;
+    r.add("step", step).add("split", split).add("loss", loss);
+    return r;
+  };
+  {  // trains to step 16, evaluating at 7 and 14; killed after step 16 (checkpoint at 10)
+    train::MetricsSink first(tmp.path, logging);
+    first.start_after(0);
+    for (int64_t step = 1; step <= 16; ++step) {
+      first.write(record(step, "train", 1.0));
+      if (step % 7 == 0) first.write(record(step, "val", 1.0));
+    }
+  }
+  {  // resumes from step 10, logs 11-13 and is killed before its evaluation at 14
+    train::MetricsSink resumed(tmp.path, logging);
+    resumed.start_after(10);
+    for (int64_t step = 11; step <= 13; ++step) resumed.write(record(step, "train", 2.0));
+  }
+  std::vector<std::string> names = event_files(tmp.path);
+  std::sort(names.begin(), names.end());
+  REQUIRE(names.size() == 2);
+  // val/loss at 14 is gone too, although the resumed attempt has not logged val/loss again.
+  CHECK(scalar_steps(names[0]) == std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 7, 8, 9, 10});
+  CHECK(scalar_steps(names[1]) == std::vector<int64_t>{11, 12, 13});
+  // The file_version record stays first, and the resumed file starts with a SessionLog START at 11
+  // for a TensorBoard that had read the old events before they went.
+  const auto first_records = tfrecords(read_bytes(names[0]));
+  CHECK(first_records.at(0).find("brain.Event:2") != std::string::npos);
+  const auto resumed_records = tfrecords(read_bytes(names[1]));
+  REQUIRE(resumed_records.size() >= 2);
+  CHECK(decode_event(resumed_records[1]).session_log);
+  CHECK(decode_event(resumed_records[1]).step == 11);
+  CHECK(train::testing::run_python("tensorboard_events.py",
+                                   "check " + tmp.path + " " + tmp / "metrics.jsonl" + " train/loss val/loss") == 0);
+}
+
+TEST_CASE("tensorboard: a rollback rewrites the open event file, a cut-short record goes, an unreadable file stays",
+          "[tensorboard][resume]") {
+  TempDir tmp;
+  train::LoggingConfig logging;
+  auto record = [](int64_t step, double loss) {
+    train::MetricRecord r;
+    r.add("step", step).add("split", "train").add("loss", loss);
+    return r;
+  };
+  // Not an event file this library can read: left byte for byte (with a warning).
+  const std::string foreign = tmp / "events.out.tfevents.0000000001.elsewhere.1.000000";
+  std::ofstream(foreign, std::ios::binary) << "not TFRecords, but with the name";
+  // A killed writer's event file, its last record cut short.
+  std::string killed;
+  {
+    train::TensorBoardWriter writer(tmp.path);
+    killed = writer.path();
+    writer.add_scalars(1, {{"train/loss", 1.0}}, 1.0);
+    writer.add_scalars(2, {{"train/loss", 1.0}}, 2.0);
+  }
+  {  // the length (with its CRC) and 8 bytes of another record
+    const std::string whole = read_bytes(killed);
+    const size_t last = 12 + tfrecords(whole).back().size() + 4;
+    std::ofstream(killed, std::ios::binary | std::ios::app) << whole.substr(whole.size() - last, 20);
+  }
+  std::string own;
+  {
+    train::MetricsSink sink(tmp.path, logging);
+    sink.start_after(1);
+    for (int64_t step = 2; step <= 5; ++step) sink.write(record(step, 1.0));
+    sink.start_after(3);  // trainer.on_nonfinite rollback to the checkpoint at step 3, in this process
+    for (int64_t step = 4; step <= 6; ++step) sink.write(record(step, 2.0));
+  }
+  for (const std::string& path : event_files(tmp.path)) {
+    if (path != killed && path != foreign) own = path;
+  }
+  REQUIRE_FALSE(own.empty());
+  CHECK(read_bytes(foreign) == "not TFRecords, but with the name");
+  CHECK(scalar_steps(killed) == std::vector<int64_t>{1});  // tfrecords() checks every record is whole
+  CHECK(scalar_steps(own) == std::vector<int64_t>{2, 3, 4, 5, 6});
 }
 
 TEST_CASE("tensorboard: train fit writes event files, and scripts/plot draws the curves", "[tensorboard][plot][python]") {

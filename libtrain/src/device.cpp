@@ -449,12 +449,16 @@ MemoryAmount cgroup_memory_limit(const std::string& root, const std::string& sel
   MemoryAmount out;
   bool limited = false;
   for (const std::string& dir : cgroup_levels(root, self_cgroup_file, "memory", &v2)) {
-    const int64_t limit = cgroup_number(dir + (v2 ? "/memory.max" : "/memory.limit_in_bytes"));
+    const std::string limit_file = dir + (v2 ? "/memory.max" : "/memory.limit_in_bytes");
+    const int64_t limit = cgroup_number(limit_file);
     if (limit < 0) continue;
     // The working set: usage less the page cache the kernel reclaims before it fails an allocation.
     const int64_t usage = std::max<int64_t>(0, cgroup_number(dir + (v2 ? "/memory.current" : "/memory.usage_in_bytes")));
     const int64_t inactive = memory_stat(dir + "/memory.stat", v2 ? "inactive_file" : "total_inactive_file");
     const int64_t left = std::max<int64_t>(0, limit - std::max<int64_t>(0, usage - inactive));
+    if (!limited || left < out.available) {
+      out.source = std::string(v2 ? "cgroup v2" : "cgroup v1") + " limit " + limit_file;
+    }
     out.total = limited ? std::min(out.total, limit) : limit;
     out.available = limited ? std::min(out.available, left) : left;
     limited = true;
@@ -473,12 +477,30 @@ MemoryAmount host_memory(const std::string& meminfo, const std::string& cgroup_r
     if (key == "MemTotal:") host.total = kb * 1024;
     if (key == "MemAvailable:") host.available = kb * 1024;
   }
-  if (host.total <= 0) host.total = physical_memory();
-  if (host.available <= 0 || host.available > host.total) host.available = host.total;
+  // What is available drives a CPU plan's memory budget: a guess is said, not taken silently.
+  const char* const overstated = ": all of it counted as available, more than a run can use; if the plan's "
+                                 "micro-batch runs out of memory, set tuning.micro_batch or tuning.memory_fraction";
+  if (host.total <= 0) {
+    host.total = physical_memory();
+    host.available = host.total;
+    host.source = "physical memory (sysconf)";
+    host.warning = "no MemTotal in " + meminfo + " (unreadable?), so the physical memory" + overstated;
+  } else if (host.available <= 0 || host.available > host.total) {
+    host.available = host.total;
+    host.source = "MemTotal in " + meminfo;
+    host.warning = "no usable MemAvailable in " + meminfo +
+                   " (a kernel before 3.14, or a container's substitute meminfo), so MemTotal" + overstated;
+  } else {
+    host.source = "MemAvailable in " + meminfo;
+  }
   const MemoryAmount limit = cgroup_memory_limit(cgroup_root, self_cgroup_file);
   if (limit.total > 0) {
     host.total = std::min(host.total, limit.total);
-    host.available = std::min(host.available, limit.available);
+    if (limit.available < host.available) {
+      host.available = limit.available;
+      host.source = limit.source + ", below " + host.source;
+      host.warning.clear();  // the cgroup's own account, not the guess
+    }
   }
   return host;
 }

@@ -12,8 +12,10 @@
 #include <sstream>
 
 #include "compat.h"
+#include "train/config.h"
 #include "train/device.h"
 #include "train/files.h"
+#include "train/log.h"
 #include "train/metrics.h"
 #include "utf8.h"
 
@@ -265,6 +267,18 @@ DoctorCheck kernels_check(const std::string& name, int cc_major, int cc_minor, c
           "install a LibTorch/PyTorch build whose torch.cuda.get_arch_list() includes " + sm};
 }
 
+DoctorCheck memory_check(const MemoryAmount& host) {
+  const double fraction = TuningConfig{}.memory_fraction;
+  const auto gib = [](double bytes) { return log::fixed(bytes / (1024.0 * 1024.0 * 1024.0), 1) + " GiB"; };
+  const std::string detail =
+      gib(static_cast<double>(host.available)) + " available of " + gib(static_cast<double>(host.total)) + " (" +
+      (host.source.empty() ? std::string("source unknown") : host.source) + "); a CPU run's memory budget is " +
+      log::str("tuning.memory_fraction (", fraction, " by default) of the available: ") +
+      gib(fraction * static_cast<double>(host.available));
+  if (!host.warning.empty()) return {"memory", "warn", detail, host.warning};
+  return {"memory", "info", detail, ""};
+}
+
 DoctorCheck cpu_only_build_check(const NvidiaPresence& hw, const std::string& torch_version) {
   const std::string detail = "this build of train (LibTorch " + torch_version + ") has no CUDA support";
   const std::string hint = "build against a CUDA LibTorch (scripts/build with the torch wheel)";
@@ -293,6 +307,7 @@ std::vector<DoctorCheck> run_doctor() {
                                   "libopenblas0-pthread (scripts/setup selects it)"
                                 : ""});
   });
+  guarded(checks, "memory", [&] { checks.push_back(memory_check(host_memory())); });
   NvidiaPresence hw;
   guarded(checks, "nvidia", [&] { hw = nvidia_presence(); });
   const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");

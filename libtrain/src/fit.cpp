@@ -166,6 +166,16 @@ void check_run_dir(const std::string& run_dir) {
   }
 }
 
+// The steps a fit() call took, for the "done" line, which gives this process's time: after a
+// resume "steps 5-6 (2 in this run)", not the run's 6 steps against the time of 2.
+std::string describe_steps(const FitResult& result) {
+  const int64_t first = result.resumed_from_step, last = result.steps;
+  if (first == 0) return log::str(last, " steps");
+  if (last <= first) return log::str("0 steps in this run (resumed at step ", first, ")");
+  if (last == first + 1) return log::str("step ", last, " (1 in this run)");
+  return log::str("steps ", first + 1, "-", last, " (", last - first, " in this run)");
+}
+
 // Bad input, as opposed to a runtime failure (a diverging loss, a full disk): a run stopped by it
 // leaves no trace in the run directory unless it got as far as a checkpoint.
 bool is_bad_input(const Error& e) {
@@ -192,8 +202,10 @@ FitReport train_in_run_dir(const Config& config, RunParts& run, const std::strin
     files::make_directories(run_dir);
     lock.emplace(run_dir);
     // What a write killed before its rename left (a kill or a full disk in an earlier run here).
+    // An event file's would be read by TensorBoard (any name with "tfevents" in it) and shown twice.
     detail::remove_stale_temporaries(run_dir, [](const std::string& target) {
-      return target == "config.yaml" || target == "plan.json" || target == "metrics.jsonl";
+      return target == "config.yaml" || target == "plan.json" || target == "metrics.jsonl" ||
+             target.rfind("events.out.tfevents.", 0) == 0;
     });
     // Another run may have checkpointed here between check_fit_options and the lock.
     if (resume_path.empty() && !latest_checkpoint(files::join(run_dir, "checkpoints")).empty()) {
@@ -227,7 +239,7 @@ FitReport train_in_run_dir(const Config& config, RunParts& run, const std::strin
       result = trainer.fit(resume_path);
       total_steps = trainer.plan().total_steps;
     }
-    log::info(log::str("done: ", result.steps, " steps in ", format_duration(result.seconds), "; data wait ",
+    log::info(log::str("done: ", describe_steps(result), " in ", format_duration(result.seconds), "; data wait ",
                        log::fixed(100.0 * result.data_wait_fraction, 2), "% of loop time",
                        result.loader_workers != run.plan.workers
                            ? log::str(" (loader workers raised to ", result.loader_workers, ")")

@@ -1,13 +1,19 @@
 #include "train/log.h"
 
-#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/pattern_formatter.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
-#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <iomanip>
+#include <locale>
 #include <memory>
 #include <mutex>
+
+#include "train/errors.h"
+#include "train/files.h"
 
 namespace train::log {
 namespace {
@@ -23,7 +29,12 @@ struct State {
   }
   std::mutex mutex;
   std::shared_ptr<spdlog::logger> console;
-  std::shared_ptr<spdlog::sinks::basic_file_sink_mt> file;
+  // The log file is written here, not through a spdlog file sink: that sink throws from flush()
+  // when the disk is full, and a throw out of log::write escapes the training loop, then the
+  // error report in run_cli's catch (std::terminate, exit 134), or the stop watchdog's thread.
+  std::FILE* file = nullptr;
+  std::string file_path;
+  spdlog::pattern_formatter file_format{"[%Y-%m-%d %H:%M:%S.%e %L] %v"};
   Level level = Level::info;
   int rank = 0;
 };
@@ -43,6 +54,28 @@ spdlog::level::level_enum to_spd(Level l) {
     case Level::off: return spdlog::level::off;
   }
   return spdlog::level::info;
+}
+
+// Appends one line to the log file; on a failed write or flush (a full disk) the file is closed
+// and no longer written, with one warning on the console naming it and the reason. Logging must
+// not stop a run: metrics and checkpoints report their own write failures.
+void write_file(State& s, spdlog::level::level_enum level, const std::string& message) {
+  spdlog::memory_buf_t line;
+  s.file_format.format(spdlog::details::log_msg("train", level, message), line);
+  int error = 0;
+  errno = 0;
+  if (std::fwrite(line.data(), 1, line.size(), s.file) != line.size()) error = errno ? errno : EIO;
+  // train.log is read after a kill or a crash: each line reaches the file as it is logged (a few
+  // lines per logging window, so the cost is nothing).
+  if (error == 0 && std::fflush(s.file) != 0) error = errno ? errno : EIO;
+  if (error == 0) return;
+  std::fclose(s.file);  // what it could not flush is lost; the result says nothing new
+  s.file = nullptr;
+  const std::string path = std::move(s.file_path);
+  s.file_path.clear();
+  s.console->log(spdlog::level::warn,
+                 "cannot write the log file {} ({}); it is no longer written, the console still is", path,
+                 std::strerror(error));
 }
 
 }  // namespace
@@ -69,35 +102,36 @@ void set_rank(int rank) {
 void set_file(const std::string& path) {
   auto& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
-  auto& sinks = s.console->sinks();
   if (s.file) {
-    sinks.erase(std::remove(sinks.begin(), sinks.end(), s.file), sinks.end());
-    s.file.reset();
+    std::fclose(s.file);
+    s.file = nullptr;
+    s.file_path.clear();
   }
-  if (!path.empty()) {
-    s.file = std::make_shared<spdlog::sinks::basic_file_sink_mt>(path, /*truncate=*/false);
-    s.file->set_pattern("[%Y-%m-%d %H:%M:%S.%e %L] %v");
-    sinks.push_back(s.file);
-  }
+  if (path.empty()) return;
+  files::make_directories(files::parent(path));
+  // "e": close-on-exec, so that the ranks train launch starts do not inherit it.
+  s.file = std::fopen(path.c_str(), "ae");
+  if (!s.file) throw Error("cannot open log file " + path + " for appending (" + std::strerror(errno) + ")");
+  s.file_path = path;
 }
 
-void write(Level level, const std::string& message) {
-  auto& s = state();
-  std::lock_guard<std::mutex> lock(s.mutex);
-  if (level < s.level) return;
-  if (s.rank != 0 && level < Level::warn) return;
-  if (s.rank != 0) {
-    s.console->log(to_spd(level), "[rank {}] {}", s.rank, message);
-  } else {
-    s.console->log(to_spd(level), "{}", message);
+void write(Level level, const std::string& message) noexcept {
+  try {
+    auto& s = state();
+    std::lock_guard<std::mutex> lock(s.mutex);
+    if (level < s.level) return;
+    if (s.rank != 0 && level < Level::warn) return;
+    const std::string text = s.rank != 0 ? "[rank " + std::to_string(s.rank) + "] " + message : message;
+    s.console->log(to_spd(level), "{}", text);  // spdlog reports a failing console itself, without throwing
+    if (s.file) write_file(s, to_spd(level), text);
+  } catch (...) {
+    // Out of memory while formatting: the message is lost, the caller goes on.
   }
-  // train.log is read after a kill or a crash: each line reaches the file as it is logged (a few
-  // lines per logging window, so the cost is nothing).
-  if (s.file) s.file->flush();
 }
 
 std::string fixed(double value, int digits) {
   std::ostringstream out;
+  out.imbue(std::locale::classic());  // see str()
   out << std::fixed << std::setprecision(digits) << value;
   return out.str();
 }

@@ -12,12 +12,16 @@
 #include <fstream>
 #include <cstring>
 #include <limits>
+#include <locale>
+#include <optional>
 #include <sstream>
+#include <string_view>
 
 #include "atomic_file.h"
 #include "train/config.h"
 #include "train/errors.h"
 #include "train/files.h"
+#include "train/log.h"
 #include "utf8.h"
 
 namespace train {
@@ -71,6 +75,8 @@ std::string json_quote(const std::string& text) {
 
 std::string MetricRecord::to_json() const {
   std::ostringstream out;
+  // A stream takes the global locale: a host program's German one would write 2,5 and 12.345.
+  out.imbue(std::locale::classic());
   out.precision(std::numeric_limits<double>::max_digits10 - 2);  // 15 significant digits
   out << '{';
   bool first = true;
@@ -92,6 +98,17 @@ std::string MetricRecord::to_json() const {
   return out.str();
 }
 
+namespace {
+
+// The reason a write to a stream failed, from the errno its last system call left (cleared before
+// the write, so 0 means the failure was not the system's).
+std::string write_failure(int error) {
+  if (error == 0) return "write error";
+  return std::string(std::strerror(error)) + (error == ENOSPC || error == EDQUOT ? "; free space there" : "");
+}
+
+}  // namespace
+
 JsonlWriter::JsonlWriter(const std::string& path) : path_(path) {
   files::make_directories(files::parent(path));  // a Trainer given a new run directory creates it
   out_.open(path, std::ios::app);
@@ -100,9 +117,11 @@ JsonlWriter::JsonlWriter(const std::string& path) : path_(path) {
 
 void JsonlWriter::write(const MetricRecord& record) {
   if (!out_.is_open()) return;
-  out_ << record.to_json() << '\n';
+  const std::string line = record.to_json() + '\n';
+  errno = 0;
+  out_.write(line.data(), static_cast<std::streamsize>(line.size()));
   out_.flush();
-  if (!out_) throw Error("failed writing metrics file " + path_);
+  if (!out_) throw Error("failed writing metrics file " + path_ + " (" + write_failure(errno) + ")");
 }
 
 void JsonlWriter::truncate_after(int64_t step) {
@@ -124,7 +143,7 @@ void JsonlWriter::truncate_after(int64_t step) {
   }
   detail::write_text_atomically(path_, kept);
   out_.open(path_, std::ios::app);
-  if (!out_) throw Error("cannot open metrics file " + path_ + " for writing");
+  if (!out_) throw Error("cannot open metrics file " + path_ + " for writing (" + std::strerror(errno) + ")");
 }
 
 // ---- TensorBoard ------------------------------------------------------------------------------
@@ -203,6 +222,108 @@ double unix_time_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+uint64_t get_little_endian(std::string_view bytes, size_t at, int n) {
+  uint64_t v = 0;
+  for (int i = n - 1; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(bytes[at + static_cast<size_t>(i)]);
+  return v;
+}
+
+bool get_varint(std::string_view bytes, size_t& at, uint64_t& v) {
+  v = 0;
+  for (int shift = 0; shift < 64 && at < bytes.size(); shift += 7) {
+    const auto byte = static_cast<unsigned char>(bytes[at++]);
+    v |= static_cast<uint64_t>(byte & 0x7f) << shift;
+    if ((byte & 0x80) == 0) return true;
+  }
+  return false;
+}
+
+// An Event's step (field 2; 0 when absent, as in the file_version record), or none when the bytes
+// are not a protocol buffer message.
+std::optional<int64_t> event_step(std::string_view event) {
+  int64_t step = 0;
+  size_t at = 0;
+  while (at < event.size()) {
+    uint64_t key = 0, v = 0;
+    if (!get_varint(event, at, key) || (key >> 3) == 0) return std::nullopt;
+    const size_t left = event.size() - at;
+    switch (key & 7) {
+      case kVarint:
+        if (!get_varint(event, at, v)) return std::nullopt;
+        if ((key >> 3) == event_field::kStep) step = static_cast<int64_t>(v);  // two's complement
+        break;
+      case kFixed64:
+        if (left < 8) return std::nullopt;
+        at += 8;
+        break;
+      case kFixed32:
+        if (left < 4) return std::nullopt;
+        at += 4;
+        break;
+      case kLengthDelimited:
+        if (!get_varint(event, at, v) || v > event.size() - at) return std::nullopt;
+        at += static_cast<size_t>(v);
+        break;
+      default:
+        return std::nullopt;  // groups: no Event field is one
+    }
+  }
+  return step;
+}
+
+// What truncate_after keeps of one event file's bytes.
+struct KeptEvents {
+  std::string bytes;    // the records with a step at most the resume step, in order, framing and all
+  bool changed = false;  // records were dropped, or a last record that a kill cut short
+  std::string problem;  // why the file cannot be read as TFRecord-framed Events; "" when it can
+};
+
+KeptEvents events_up_to(std::string_view bytes, int64_t step) {
+  KeptEvents kept;
+  size_t at = 0;
+  while (at < bytes.size()) {
+    const size_t left = bytes.size() - at;
+    if (left < 12) {  // a length and its CRC that a kill cut short
+      kept.changed = true;
+      break;
+    }
+    const uint64_t n = get_little_endian(bytes, at, 8);
+    if (get_little_endian(bytes, at + 8, 4) != masked_crc32c(bytes.data() + at, 8)) {
+      kept.problem = "the length of the record at byte " + std::to_string(at) + " fails its CRC";
+      return kept;
+    }
+    if (n > left - 12 || left - 12 - n < 4) {  // a record that a kill cut short
+      kept.changed = true;
+      break;
+    }
+    const std::string_view event = bytes.substr(at + 12, n);
+    if (get_little_endian(bytes, at + 12 + n, 4) != masked_crc32c(event.data(), event.size())) {
+      kept.problem = "the record at byte " + std::to_string(at) + " fails its CRC";
+      return kept;
+    }
+    const std::optional<int64_t> event_at = event_step(event);
+    if (!event_at) {
+      kept.problem = "the record at byte " + std::to_string(at) + " is not an Event";
+      return kept;
+    }
+    const size_t end = at + 12 + n + 4;
+    if (*event_at <= step) {
+      kept.bytes.append(bytes.substr(at, end - at));
+    } else {
+      kept.changed = true;
+    }
+    at = end;
+  }
+  return kept;
+}
+
+// "events.out.tfevents.*", but not what a write_atomically of one left ("<name>.tmp.<pid>").
+bool is_event_file_name(const std::string& name) {
+  if (name.rfind("events.out.tfevents.", 0) != 0) return false;
+  const size_t tmp = name.rfind(".tmp.");
+  return tmp == std::string::npos || name.find_first_not_of("0123456789", tmp + 5) != std::string::npos;
+}
+
 }  // namespace
 
 uint32_t crc32c(const void* data, size_t size, uint32_t crc) {
@@ -218,7 +339,7 @@ uint32_t masked_crc32c(const void* data, size_t size) {
   return ((crc >> 15) | (crc << 17)) + 0xa282ead8u;
 }
 
-TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
+TensorBoardWriter::TensorBoardWriter(const std::string& dir) : dir_(dir) {
   static std::atomic<int> counter{0};
   files::make_directories(dir);
   char host[256] = "localhost";
@@ -229,7 +350,7 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
                 static_cast<long long>(unix_time_now()), host, static_cast<int>(::getpid()), counter++);
   path_ = files::join(dir, name);
   out_.open(path_, std::ios::binary | std::ios::trunc);
-  if (!out_) throw Error("cannot open TensorBoard event file " + path_ + " for writing");
+  if (!out_) throw Error("cannot open TensorBoard event file " + path_ + " for writing (" + std::strerror(errno) + ")");
   std::string event;
   put_double(event, event_field::kWallTime, unix_time_now());
   put_bytes(event, event_field::kFileVersion, "brain.Event:2");
@@ -243,9 +364,10 @@ void TensorBoardWriter::write_event(const std::string& event) {
   put_little_endian(record, masked_crc32c(header.data(), header.size()), 4);
   record += event;
   put_little_endian(record, masked_crc32c(event.data(), event.size()), 4);
+  errno = 0;
   out_.write(record.data(), static_cast<std::streamsize>(record.size()));
   out_.flush();
-  if (!out_) throw Error("failed writing TensorBoard event file " + path_);
+  if (!out_) throw Error("failed writing TensorBoard event file " + path_ + " (" + write_failure(errno) + ")");
 }
 
 void TensorBoardWriter::add_scalars(int64_t step, const std::vector<std::pair<std::string, double>>& values,
@@ -266,15 +388,33 @@ void TensorBoardWriter::add_scalars(int64_t step, const std::vector<std::pair<st
   write_event(event);
 }
 
-void TensorBoardWriter::start_session(int64_t step) {
+void TensorBoardWriter::truncate_after(int64_t step) {
   if (!out_.is_open()) return;
+  out_.close();  // this file is rewritten too: a rollback restarts after a step it has logged
+  for (const std::string& name : files::list_directory(dir_)) {
+    const std::string path = files::join(dir_, name);
+    if (!is_event_file_name(name) || !files::is_regular_file(path)) continue;
+    std::ifstream in(path, std::ios::binary);
+    std::ostringstream bytes;
+    if (in) bytes << in.rdbuf();
+    if (!in || in.bad()) throw Error("cannot read TensorBoard event file " + path + " (" + std::strerror(errno) + ")");
+    const KeptEvents kept = events_up_to(bytes.str(), step);
+    if (!kept.problem.empty()) {
+      log::warn(log::str("TensorBoard event file ", path, ": ", kept.problem, "; left as it is, so TensorBoard may "
+                         "show the steps after ", step, " that an earlier attempt logged there"));
+      continue;
+    }
+    if (kept.changed) detail::write_text_atomically(path, kept.bytes);
+  }
+  out_.open(path_, std::ios::binary | std::ios::app);
+  if (!out_) throw Error("cannot open TensorBoard event file " + path_ + " for writing (" + std::strerror(errno) + ")");
   std::string session_log;
   put_key(session_log, session_log_field::kStatus, kVarint);
   put_varint(session_log, session_log_field::kStart);
   std::string event;
   put_double(event, event_field::kWallTime, unix_time_now());
   put_key(event, event_field::kStep, kVarint);
-  put_varint(event, static_cast<uint64_t>(step));
+  put_varint(event, static_cast<uint64_t>(step + 1));
   put_bytes(event, event_field::kSessionLog, session_log);
   write_event(event);
 }
@@ -304,13 +444,18 @@ MetricsSink::MetricsSink(const std::string& run_dir, const LoggingConfig& loggin
 
 void MetricsSink::start_after(int64_t step) {
   jsonl_.truncate_after(step);
-  tensorboard_.start_session(step + 1);  // keeps the events of steps <= step
+  tensorboard_.truncate_after(step);
 }
 
 void MetricsSink::write(const MetricRecord& record) {
   jsonl_.write(record);
   tensorboard_.write(record);
 }
+
+namespace {
+// A billion hours: longer than any run, and far inside int64 minutes.
+constexpr double kMaxDurationSeconds = 3.6e12;
+}  // namespace
 
 std::string format_duration(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "?";
@@ -321,9 +466,12 @@ std::string format_duration(double seconds) {
   } else if (seconds < 3599.5) {
     const int s = static_cast<int>(seconds + 0.5);
     std::snprintf(buf, sizeof(buf), "%dm%02ds", s / 60, s % 60);
+  } else if (seconds < kMaxDurationSeconds) {
+    // In int64: an ETA from a step time of hours on a long run passes int's 2^31 minutes.
+    const auto m = static_cast<long long>(seconds / 60 + 0.5);
+    std::snprintf(buf, sizeof(buf), "%lldh%02lldm", m / 60, m % 60);
   } else {
-    const int m = static_cast<int>(seconds / 60 + 0.5);
-    std::snprintf(buf, sizeof(buf), "%dh%02dm", m / 60, m % 60);
+    std::snprintf(buf, sizeof(buf), ">%.0fh", kMaxDurationSeconds / 3600);
   }
   return buf;
 }

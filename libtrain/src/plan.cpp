@@ -3,8 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <utility>
+#include <locale>
 #include <sstream>
+#include <utility>
 
 #include "train/errors.h"
 #include "train/log.h"
@@ -13,8 +14,11 @@
 namespace train {
 namespace {
 
+// The plan's numbers go to plan.json and the log as JSON and C write them (0.1, 12345), whatever
+// the global C++ locale a host program set: a stream takes it by default.
 std::string num(double v) {
   std::ostringstream out;
+  out.imbue(std::locale::classic());
   out << v;
   return out.str();
 }
@@ -27,6 +31,7 @@ int64_t pow2_at_most(int64_t n) {
 
 std::string gib(double bytes) {
   std::ostringstream out;
+  out.imbue(std::locale::classic());
   out.precision(3);
   out << bytes / (1024.0 * 1024.0 * 1024.0) << " GiB";
   return out.str();
@@ -34,6 +39,7 @@ std::string gib(double bytes) {
 
 std::string mib(double bytes) {
   std::ostringstream out;
+  out.imbue(std::locale::classic());
   out.precision(3);
   out << bytes / (1024.0 * 1024.0) << " MiB";
   return out.str();

@@ -2,11 +2,13 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <limits>
+#include <locale>
 #include <map>
 #include <sstream>
 #include <stdexcept>
@@ -49,11 +51,28 @@ std::string key_json(const PlanCacheKey& key) {
   return out + "}";
 }
 
+// Read back by YAML: written as JSON has it (0.5), whatever the global C++ locale.
 std::string number(double v) {
   std::ostringstream out;
+  out.imbue(std::locale::classic());
   out.precision(std::numeric_limits<double>::max_digits10);
   out << v;
   return out.str();
+}
+
+// A number of an entry, read as JSON writes it. Not yaml-cpp's as<double>(): that reads through a
+// stream in the global C++ locale, in which "0.5" may not be a number (a host program's German
+// locale makes '.' the thousands separator), and every entry would be a miss.
+template <typename T>
+T number_of(const YAML::Node& node, const char* name) {
+  if (!node || !node.IsScalar()) throw std::runtime_error(std::string(name) + " is missing or not a number");
+  const std::string& text = node.Scalar();
+  T value{};
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size()) {
+    throw std::runtime_error(std::string(name) + " is not a number: " + text);
+  }
+  return value;
 }
 
 std::map<std::string, std::string> read_key(const YAML::Node& node) {
@@ -108,14 +127,16 @@ std::optional<MemoryEvidence> PlanCache::find(const PlanCacheKey& key) const {
     if (read_key(doc["key"]) != expected) return std::nullopt;
     MemoryEvidence m;
     const YAML::Node e = doc["evidence"];
-    m.fixed_bytes = e["fixed_bytes"].as<int64_t>();
-    m.per_sample_bytes = e["per_sample_bytes"].as<double>();
-    m.budget_bytes = e["budget_bytes"].as<int64_t>();
-    m.max_micro_batch = e["max_micro_batch"].as<int64_t>();
+    m.fixed_bytes = number_of<int64_t>(e["fixed_bytes"], "fixed_bytes");
+    m.per_sample_bytes = number_of<double>(e["per_sample_bytes"], "per_sample_bytes");
+    m.budget_bytes = number_of<int64_t>(e["budget_bytes"], "budget_bytes");
+    m.max_micro_batch = number_of<int64_t>(e["max_micro_batch"], "max_micro_batch");
     m.estimate = e["estimate"].as<bool>();
     m.source = "plan cache " + key.hash() + ", from " + e["source"].as<std::string>();
-    for (const auto& p : e["throughput"]) m.throughput.emplace_back(p[0].as<int64_t>(), p[1].as<double>());
-    m.throughput_choice = e["throughput_choice"].as<int64_t>();
+    for (const auto& p : e["throughput"]) {
+      m.throughput.emplace_back(number_of<int64_t>(p[0], "throughput"), number_of<double>(p[1], "throughput"));
+    }
+    m.throughput_choice = number_of<int64_t>(e["throughput_choice"], "throughput_choice");
     bool sane = std::isfinite(m.per_sample_bytes) && m.max_micro_batch >= 0 && m.throughput_choice >= 0;
     for (const auto& [batch, rate] : m.throughput) sane = sane && batch > 0 && std::isfinite(rate) && rate >= 0;
     if (!sane) throw std::runtime_error("a negative micro-batch or a non-finite number in its evidence");

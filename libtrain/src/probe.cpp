@@ -207,21 +207,21 @@ class ModelStateSwap {
  public:
   ModelStateSwap(models::Model& model, const torch::Device& device, bool channels_last)
       : model_(model), was_training_(model.is_training()) {
-    torch::NoGradGuard no_grad;
-    for (auto& tensor : model.parameters()) swap_in(tensor, device);
-    for (auto& tensor : model.buffers()) swap_in(tensor, device);
-    if (channels_last) to_channels_last(model);
-    model.train();
-  }
-  ~ModelStateSwap() {
-    torch::NoGradGuard no_grad;
-    // Reverse order, so that a tensor listed twice ends with its first saved state.
-    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
-      it->tensor.set_data(it->data);
-      it->tensor.mutable_grad() = it->grad;
+    // A copy or the layout change can run out of memory on the probed device part way: no
+    // destructor runs for a constructor that throws, and the model would keep the copies made so
+    // far, without their gradients.
+    try {
+      torch::NoGradGuard no_grad;
+      for (auto& tensor : model.parameters()) swap_in(tensor, device);
+      for (auto& tensor : model.buffers()) swap_in(tensor, device);
+      if (channels_last) to_channels_last(model);
+      model.train();
+    } catch (...) {
+      restore();
+      throw;
     }
-    model_.train(was_training_);
   }
+  ~ModelStateSwap() { restore(); }
   ModelStateSwap(const ModelStateSwap&) = delete;
   ModelStateSwap& operator=(const ModelStateSwap&) = delete;
 
@@ -231,6 +231,16 @@ class ModelStateSwap {
     torch::Tensor data;    // its storage before the probe
     torch::Tensor grad;
   };
+
+  void restore() {
+    torch::NoGradGuard no_grad;
+    // Reverse order, so that a tensor listed twice ends with its first saved state.
+    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
+      it->tensor.set_data(it->data);
+      it->tensor.mutable_grad() = it->grad;
+    }
+    model_.train(was_training_);
+  }
 
   void swap_in(torch::Tensor& tensor, const torch::Device& device) {
     saved_.push_back({tensor, tensor.data(), tensor.grad()});

@@ -22,15 +22,16 @@ namespace train::detail {
 namespace {
 
 // Files up to this size are kept byte for byte (config.yaml, plan.json); larger ones (train.log,
-// TensorBoard's events, checkpoints) are only ever appended to or replaced whole, so their size
-// suffices. metrics.jsonl is the exception: a resumed run rewrites it without the rows logged after
-// its checkpoint (MetricsSink::start_after), so it is kept byte for byte at any size a run plausibly
-// reaches (a row is ~200 bytes: over a million rows).
+// checkpoints) are only ever appended to or replaced whole, so their size suffices. metrics.jsonl
+// and TensorBoard's event files are the exception: a resumed run rewrites them without what was
+// logged after its checkpoint (MetricsSink::start_after), so they are kept byte for byte at any
+// size a run plausibly reaches (a row or an event is ~200 bytes: over a million of them).
 constexpr int64_t kKeepBytesUpTo = 256 * 1024;
 constexpr int64_t kKeepRewrittenBytesUpTo = int64_t{256} << 20;
 
 int64_t keep_bytes_up_to(const std::string& rel) {
-  return rel == "metrics.jsonl" ? kKeepRewrittenBytesUpTo : kKeepBytesUpTo;
+  const bool rewritten = rel == "metrics.jsonl" || rel.rfind("events.out.tfevents.", 0) == 0;
+  return rewritten ? kKeepRewrittenBytesUpTo : kKeepBytesUpTo;
 }
 
 bool lstat_path(const std::string& path, struct stat& info) { return ::lstat(path.c_str(), &info) == 0; }

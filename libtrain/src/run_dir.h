@@ -11,7 +11,8 @@ namespace train::detail {
 class RunDirSnapshot {
  public:
   // Records the entries at the top of run_dir and in run_dir/checkpoints (where a run writes):
-  // sizes, and the bytes of the small files and of metrics.jsonl (which a resumed run rewrites).
+  // sizes, and the bytes of the small files, of metrics.jsonl and of the TensorBoard event files
+  // (which a resumed run rewrites).
   // When run_dir does not exist, records the outermost
   // directory that `mkdir -p run_dir` would create.
   explicit RunDirSnapshot(std::string run_dir);

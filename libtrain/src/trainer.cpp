@@ -822,6 +822,8 @@ FitResult Trainer::fit(const std::string& resume) {
   if (s.eval_pending) {  // put off by the graceful stop that wrote the checkpoint resumed from
     result.val = evaluate_and_log();  // evaluate() puts the model back in training mode
     s.eval_pending = false;
+    // Evaluation time is not training time (see pause_start below): the first window starts now.
+    new_window();
   }
 
   bool evaluated_at_end = false;

@@ -145,6 +145,12 @@ double cgroup_cpu_quota(const std::string& root = "/sys/fs/cgroup",
 struct MemoryAmount {
   int64_t total = 0;
   int64_t available = 0;
+  // Where `available` comes from, for people: "MemAvailable in /proc/meminfo", "cgroup v2 limit
+  // /sys/fs/cgroup/a/memory.max", ...; "" when nothing was found.
+  std::string source;
+  // host_memory: what makes `available` doubtful ("" when nothing): a meminfo without
+  // MemAvailable, so all of MemTotal counted as available.
+  std::string warning;
 };
 // The memory limit of this process's cgroup and what is left under it, the smallest from its own
 // cgroup up to the root as for cgroup_cpu_quota: v2 memory.max less the working set
@@ -154,7 +160,9 @@ struct MemoryAmount {
 MemoryAmount cgroup_memory_limit(const std::string& root = "/sys/fs/cgroup",
                                  const std::string& self_cgroup_file = "/proc/self/cgroup");
 // Host memory for a CPU profile: MemTotal and MemAvailable from meminfo, each capped by the
-// cgroup limit (a container's --memory, a systemd MemoryMax=).
+// cgroup limit (a container's --memory, a systemd MemoryMax=). Without MemAvailable (kernels
+// before 3.14, some containers' substitute meminfo) all of MemTotal counts as available, and
+// `warning` says so; unreadable, the physical memory (sysconf).
 MemoryAmount host_memory(const std::string& meminfo = "/proc/meminfo", const std::string& cgroup_root = "/sys/fs/cgroup",
                          const std::string& self_cgroup_file = "/proc/self/cgroup");
 

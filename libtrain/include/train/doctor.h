@@ -7,6 +7,8 @@
 
 namespace train {
 
+struct MemoryAmount;
+
 struct DoctorCheck {
   std::string name;
   std::string status;  // ok | warn | fail | info
@@ -58,6 +60,10 @@ DoctorCheck gpus_check(int visible, DriverState driver, const NvidiaPresence& hw
 // Whether this LibTorch (its architecture list, cuda_arch_list()) has kernels for a GPU of compute
 // capability major.minor: ok with machine code, warn with PTX only, fail with neither.
 DoctorCheck kernels_check(const std::string& name, int cc_major, int cc_minor, const std::vector<std::string>& arch_list);
+// The memory line: host memory available and in total (host_memory()) with where the figures
+// come from, and the CPU memory budget a plan takes from it (tuning.memory_fraction, 0.9 by
+// default, of the available); warn when host_memory had to guess (its `warning`).
+DoctorCheck memory_check(const MemoryAmount& host);
 // The line for a build of train without CUDA, by what the machine shows.
 DoctorCheck cpu_only_build_check(const NvidiaPresence& hw, const std::string& torch_version);
 

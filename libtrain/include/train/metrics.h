@@ -32,7 +32,8 @@ class MetricRecord {
   MetricRecord& add(const std::string& key, const std::string& value);
   MetricRecord& add(const std::string& key, const char* value) { return add(key, std::string(value)); }
   const std::vector<std::pair<std::string, Value>>& fields() const { return fields_; }
-  // One JSON object on one line. Non-finite doubles become null.
+  // One JSON object on one line. Non-finite doubles become null. Numbers are written as JSON
+  // has them (1234.5) whatever the global C++ locale.
   std::string to_json() const;
 
  private:
@@ -74,14 +75,22 @@ class TensorBoardWriter {
   // A metrics record: every numeric field except `step` becomes the scalar "<split>/<field>"
   // (just "<field>" without a split), at the record's `step`.
   void write(const MetricRecord& record);
-  // Event {step, session_log = 7 {status = 1 (START)}}: TensorBoard then discards the events of
-  // earlier files in the directory at `step` and later (what PyTorch's SummaryWriter(purge_step)
-  // writes), so a resumed run's repeated steps are not drawn twice.
-  void start_session(int64_t step);
+  // Training (re)starts after `step`: every event file in the directory (this one included) loses
+  // its events with a step above `step` (and a last record a kill cut short), each file replaced
+  // atomically under its own name, so that every reader shows the steps an abandoned attempt
+  // logged after the checkpoint once, from the attempt that logs them again: the TensorBoard data
+  // server (the default reader since TensorBoard 2.5, --load_fast) ignores SessionLog events.
+  // Their file_version records stay. A file whose records cannot be read (not TFRecord-framed
+  // Events, a CRC that does not match) is left as it is, with a warning naming it.
+  // Then it writes Event {step + 1, session_log = 7 {status = 1 (START)}} into this file, what
+  // PyTorch's SummaryWriter(purge_step) writes: a reader that had loaded the old events before the
+  // rewrite (Python's EventAccumulator in a running TensorBoard) drops them when it reads it.
+  void truncate_after(int64_t step);
 
  private:
   void write_event(const std::string& event);
   std::ofstream out_;
+  std::string dir_;
   std::string path_;
 };
 
@@ -121,7 +130,8 @@ class Meter {
   int64_t count_ = 0;
 };
 
-// "1h02m", "3m12s", "8.1s"
+// "1h02m", "3m12s", "8.1s"; ">1000000000h" beyond a billion hours, "?" for a negative or
+// non-finite time.
 std::string format_duration(double seconds);
 // JSON string escaping (quotes included); bytes that are not valid UTF-8 become U+FFFD.
 std::string json_quote(const std::string& s);
