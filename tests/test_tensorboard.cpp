@@ -435,6 +435,45 @@ TEST_CASE("tensorboard: a rollback rewrites the open event file, a cut-short rec
   CHECK(scalar_steps(own) == std::vector<int64_t>{2, 3, 4, 5, 6});
 }
 
+TEST_CASE("metrics: a resume with TensorBoard or JSONL off still trims what earlier attempts wrote",
+          "[tensorboard][resume]") {
+  TempDir tmp;
+  auto record = [](int64_t step) {
+    train::MetricRecord r;
+    r.add("step", step).add("split", "train").add("loss", 1.0);
+    return r;
+  };
+  std::string events;
+  {  // the first attempt, both on, logs steps 1-6 and dies
+    train::MetricsSink sink(tmp.path, train::LoggingConfig{});
+    for (int64_t step = 1; step <= 6; ++step) sink.write(record(step));
+  }
+  REQUIRE(event_files(tmp.path).size() == 1);
+  events = event_files(tmp.path)[0];
+  REQUIRE(scalar_steps(events) == std::vector<int64_t>{1, 2, 3, 4, 5, 6});
+  {  // the resume from step 3 has both off
+    train::LoggingConfig off;
+    off.tensorboard = false;
+    off.jsonl = false;
+    train::MetricsSink sink(tmp.path, off);
+    sink.start_after(3);
+    sink.write(record(4));
+  }
+  CHECK(event_files(tmp.path) == std::vector<std::string>{events});
+  CHECK(scalar_steps(events) == std::vector<int64_t>{1, 2, 3});
+  const std::string rows = read_bytes(tmp / "metrics.jsonl");
+  CHECK(rows.find("\"step\":3") != std::string::npos);
+  CHECK(rows.find("\"step\":4") == std::string::npos);
+  // A run directory without such files gains none.
+  TempDir empty;
+  train::LoggingConfig off;
+  off.tensorboard = false;
+  off.jsonl = false;
+  train::MetricsSink(empty.path, off).start_after(3);
+  CHECK(event_files(empty.path).empty());
+  CHECK_FALSE(files::exists(empty / "metrics.jsonl"));
+}
+
 TEST_CASE("tensorboard: train fit writes event files, and scripts/plot draws the curves", "[tensorboard][plot][python]") {
   TempDir tmp;
   const std::string cfg = tmp / "run.yaml";

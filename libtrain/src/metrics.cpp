@@ -127,9 +127,16 @@ void JsonlWriter::write(const MetricRecord& record) {
 void JsonlWriter::truncate_after(int64_t step) {
   if (!out_.is_open()) return;
   out_.close();
+  truncate_file_after(path_, step);
+  out_.open(path_, std::ios::app);
+  if (!out_) throw Error("cannot open metrics file " + path_ + " for writing (" + std::strerror(errno) + ")");
+}
+
+void JsonlWriter::truncate_file_after(const std::string& path, int64_t step) {
+  if (!files::is_regular_file(path)) return;
   std::string kept;
   {
-    std::ifstream in(path_);
+    std::ifstream in(path);
     std::string line;
     while (std::getline(in, line)) {
       if (line.empty() || line.back() != '}') continue;  // cut short by a kill
@@ -141,9 +148,7 @@ void JsonlWriter::truncate_after(int64_t step) {
       kept += '\n';
     }
   }
-  detail::write_text_atomically(path_, kept);
-  out_.open(path_, std::ios::app);
-  if (!out_) throw Error("cannot open metrics file " + path_ + " for writing (" + std::strerror(errno) + ")");
+  detail::write_text_atomically(path, kept);
 }
 
 // ---- TensorBoard ------------------------------------------------------------------------------
@@ -391,8 +396,24 @@ void TensorBoardWriter::add_scalars(int64_t step, const std::vector<std::pair<st
 void TensorBoardWriter::truncate_after(int64_t step) {
   if (!out_.is_open()) return;
   out_.close();  // this file is rewritten too: a rollback restarts after a step it has logged
-  for (const std::string& name : files::list_directory(dir_)) {
-    const std::string path = files::join(dir_, name);
+  truncate_files_after(dir_, step);
+  out_.open(path_, std::ios::binary | std::ios::app);
+  if (!out_) throw Error("cannot open TensorBoard event file " + path_ + " for writing (" + std::strerror(errno) + ")");
+  std::string session_log;
+  put_key(session_log, session_log_field::kStatus, kVarint);
+  put_varint(session_log, session_log_field::kStart);
+  std::string event;
+  put_double(event, event_field::kWallTime, unix_time_now());
+  put_key(event, event_field::kStep, kVarint);
+  put_varint(event, static_cast<uint64_t>(step + 1));
+  put_bytes(event, event_field::kSessionLog, session_log);
+  write_event(event);
+}
+
+void TensorBoardWriter::truncate_files_after(const std::string& dir, int64_t step) {
+  if (!files::is_directory(dir)) return;
+  for (const std::string& name : files::list_directory(dir)) {
+    const std::string path = files::join(dir, name);
     if (!is_event_file_name(name) || !files::is_regular_file(path)) continue;
     std::ifstream in(path, std::ios::binary);
     std::ostringstream bytes;
@@ -406,17 +427,6 @@ void TensorBoardWriter::truncate_after(int64_t step) {
     }
     if (kept.changed) detail::write_text_atomically(path, kept.bytes);
   }
-  out_.open(path_, std::ios::binary | std::ios::app);
-  if (!out_) throw Error("cannot open TensorBoard event file " + path_ + " for writing (" + std::strerror(errno) + ")");
-  std::string session_log;
-  put_key(session_log, session_log_field::kStatus, kVarint);
-  put_varint(session_log, session_log_field::kStart);
-  std::string event;
-  put_double(event, event_field::kWallTime, unix_time_now());
-  put_key(event, event_field::kStep, kVarint);
-  put_varint(event, static_cast<uint64_t>(step + 1));
-  put_bytes(event, event_field::kSessionLog, session_log);
-  write_event(event);
 }
 
 void TensorBoardWriter::write(const MetricRecord& record) {
@@ -437,14 +447,24 @@ void TensorBoardWriter::write(const MetricRecord& record) {
   add_scalars(step, scalars, unix_time_now());
 }
 
-MetricsSink::MetricsSink(const std::string& run_dir, const LoggingConfig& logging) {
+MetricsSink::MetricsSink(const std::string& run_dir, const LoggingConfig& logging) : run_dir_(run_dir) {
   if (logging.jsonl) jsonl_ = JsonlWriter(files::join(run_dir, "metrics.jsonl"));
   if (logging.tensorboard) tensorboard_ = TensorBoardWriter(run_dir);
 }
 
 void MetricsSink::start_after(int64_t step) {
-  jsonl_.truncate_after(step);
-  tensorboard_.truncate_after(step);
+  // A writer this run has off still trims what earlier attempts with it on logged after `step`:
+  // those files would otherwise show the abandoned steps next to this attempt's.
+  if (jsonl_.is_open()) {
+    jsonl_.truncate_after(step);
+  } else if (!run_dir_.empty()) {
+    JsonlWriter::truncate_file_after(files::join(run_dir_, "metrics.jsonl"), step);
+  }
+  if (tensorboard_.is_open()) {
+    tensorboard_.truncate_after(step);
+  } else if (!run_dir_.empty()) {
+    TensorBoardWriter::truncate_files_after(run_dir_, step);
+  }
 }
 
 void MetricsSink::write(const MetricRecord& record) {

@@ -52,6 +52,8 @@ class JsonlWriter {
   // Drops the rows after `step` (and a last line a kill cut short): a run resumed from the
   // checkpoint at `step` logs those steps again. The file is replaced atomically.
   void truncate_after(int64_t step);
+  // The same for a file no writer has open (nothing when it does not exist).
+  static void truncate_file_after(const std::string& path, int64_t step);
 
  private:
   std::ofstream out_;
@@ -86,6 +88,9 @@ class TensorBoardWriter {
   // PyTorch's SummaryWriter(purge_step) writes: a reader that had loaded the old events before the
   // rewrite (Python's EventAccumulator in a running TensorBoard) drops them when it reads it.
   void truncate_after(int64_t step);
+  // The rewrite alone, of the event files in `dir` (nothing when it does not exist), for a run
+  // that has TensorBoard off after attempts that had it on. Writes no SessionLog.
+  static void truncate_files_after(const std::string& dir, int64_t step);
 
  private:
   void write_event(const std::string& event);
@@ -109,10 +114,12 @@ class MetricsSink {
   MetricsSink() = default;
   MetricsSink(const std::string& run_dir, const LoggingConfig& logging);
   void write(const MetricRecord& record);
-  // Training (re)starts after `step`: what earlier attempts logged after it is dropped.
+  // Training (re)starts after `step`: what earlier attempts logged after it is dropped, from
+  // metrics.jsonl and the event files whether or not this run writes them.
   void start_after(int64_t step);
 
  private:
+  std::string run_dir_;
   JsonlWriter jsonl_;
   TensorBoardWriter tensorboard_;
 };
