@@ -123,6 +123,13 @@ std::vector<int64_t> scalar_steps(const std::string& path) {
   return steps;
 }
 
+// A metrics row as the trainer writes one: step first, then the split and the loss.
+train::MetricRecord loss_row(int64_t step, const char* split, double loss) {
+  train::MetricRecord r;
+  r.add("step", step).add("split", split).add("loss", loss);
+  return r;
+}
+
 int cli(std::vector<std::string> args) {
   args.insert(args.begin(), "train");
   std::vector<char*> argv;
@@ -322,11 +329,7 @@ TEST_CASE("tensorboard: a resumed run's repeated steps replace the earlier attem
           "[tensorboard][python][resume]") {
   TempDir tmp;
   train::LoggingConfig logging;
-  auto record = [](int64_t step, double loss) {
-    train::MetricRecord r;
-    r.add("step", step).add("split", "train").add("loss", loss);
-    return r;
-  };
+  auto record = [](int64_t step, double loss) { return loss_row(step, "train", loss); };
   {
     train::MetricsSink first(tmp.path, logging);
     first.start_after(0);
@@ -357,11 +360,7 @@ TEST_CASE("tensorboard: after a resume no event file holds a step after the chec
           "[tensorboard][python][resume]") {
   TempDir tmp;
   train::LoggingConfig logging;
-  auto record = [](int64_t step, const char* split, double loss) {
-    train::MetricRecord r;
-    r.add("step", step).add("split", split).add("loss", loss);
-    return r;
-  };
+  auto record = loss_row;
   {  // trains to step 16, evaluating at 7 and 14; killed after step 16 (checkpoint at 10)
     train::MetricsSink first(tmp.path, logging);
     first.start_after(0);
@@ -397,11 +396,7 @@ TEST_CASE("tensorboard: a rollback rewrites the open event file, a cut-short rec
           "[tensorboard][resume]") {
   TempDir tmp;
   train::LoggingConfig logging;
-  auto record = [](int64_t step, double loss) {
-    train::MetricRecord r;
-    r.add("step", step).add("split", "train").add("loss", loss);
-    return r;
-  };
+  auto record = [](int64_t step, double loss) { return loss_row(step, "train", loss); };
   // Not an event file this library can read: left byte for byte (with a warning).
   const std::string foreign = tmp / "events.out.tfevents.0000000001.elsewhere.1.000000";
   std::ofstream(foreign, std::ios::binary) << "not TFRecords, but with the name";
@@ -438,11 +433,7 @@ TEST_CASE("tensorboard: a rollback rewrites the open event file, a cut-short rec
 TEST_CASE("metrics: a resume with TensorBoard or JSONL off still trims what earlier attempts wrote",
           "[tensorboard][resume]") {
   TempDir tmp;
-  auto record = [](int64_t step) {
-    train::MetricRecord r;
-    r.add("step", step).add("split", "train").add("loss", 1.0);
-    return r;
-  };
+  auto record = [](int64_t step) { return loss_row(step, "train", 1.0); };
   std::string events;
   {  // the first attempt, both on, logs steps 1-6 and dies
     train::MetricsSink sink(tmp.path, train::LoggingConfig{});
