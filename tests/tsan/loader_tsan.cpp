@@ -1,6 +1,6 @@
 // ThreadSanitizer check of the loader (scripts/tsan-loader builds and runs it): three workers
 // through full epochs, a restart with a full queue, an abandoned loader, on_error skip and raise,
-// and TokenDataset reading one shared mmap. Only loader.cpp, tokens.cpp and files.cpp are
+// and TokenDataset reading one shared token file. Only loader.cpp, tokens.cpp and files.cpp are
 // compiled in (with -fsanitize=thread), so Dataset::collate and the log sink are defined here.
 // Exits non-zero when a check fails; TSan reports races on stderr and makes the exit code 66.
 #include <train/data/loader.h>
@@ -17,7 +17,7 @@
 #include <thread>
 
 namespace train::log {
-void write(Level, const std::string&) {}
+void write(Level, const std::string&) noexcept {}
 }  // namespace train::log
 
 namespace train::data {
