@@ -763,10 +763,13 @@ TEST_CASE("bad_input: missing truncated or malformed data files exit 1 naming th
       {"missing data directory", kExitData,
        [&](const CaseDir& d) {
          d.write("cfg.yaml", s.idx_config(d / "no-such-dir"));
-         return Invocation{{"fit", "cfg.yaml"}, {d / "no-such-dir/train-images-idx3-ubyte", "not found"}};
+         return Invocation{{"fit", "cfg.yaml"}, {"cfg.yaml:7:9: key 'data.root': " + d / "no-such-dir" + " does not exist\n"}};
        }},
       {"missing IDX labels file", kExitData,
-       [&](const CaseDir& d) { return idx_with(d, "train-labels-idx1-ubyte", std::nullopt, {"not found"}); }},
+       [&](const CaseDir& d) {
+         return idx_with(d, "train-labels-idx1-ubyte", std::nullopt,
+                         {"cfg.yaml: key 'data.train_labels': neither ", "train-labels-idx1-ubyte.gz exists"});
+       }},
       {"truncated IDX images", kExitData,
        [&](const CaseDir& d) {
          return idx_with(d, "train-images-idx3-ubyte", cut(images, images.size() - 100), {"truncated", "32x28x28"});
@@ -818,7 +821,22 @@ TEST_CASE("bad_input: missing truncated or malformed data files exit 1 naming th
          const std::string root = d.copy_of(s.folder, "folder");
          files::remove_all(files::join(root, "val"));
          d.write("cfg.yaml", s.folder_config(root));
-         return Invocation{{"fit", "cfg.yaml"}, {root + "/val", "no such directory"}};
+         // Not set in the file: the key and the config, with the path the default led to.
+         return Invocation{{"fit", "cfg.yaml"}, {"cfg.yaml: key 'data.val_dir': " + root + "/val does not exist"}};
+       }},
+      {"data.root that does not exist, relative to the working directory", kExitData,
+       [&](const CaseDir& d) {
+         d.write("cfg.yaml", s.idx_config("not-prepared"));
+         return Invocation{{"fit", "cfg.yaml"},
+                           {"cfg.yaml:7:9: key 'data.root': not-prepared does not exist (relative to the working directory " +
+                            d.path + ")"}};
+       }},
+      {"TSV validation file missing", kExitData,
+       [&](const CaseDir& d) {
+         const std::string root = d.copy_of(s.tsv, "tsv");
+         files::remove_file(root + "/val.tsv");
+         d.write("cfg.yaml", s.tsv_config(root));
+         return Invocation{{"fit", "cfg.yaml"}, {"cfg.yaml: key 'data.val_tsv': " + root + "/val.tsv does not exist"}};
        }},
       {"truncated JPEG, met by a loader worker in the first batch", kExitData,
        [&](const CaseDir& d) {
@@ -875,7 +893,7 @@ TEST_CASE("bad_input: missing truncated or malformed data files exit 1 naming th
          const std::string root = d.copy_of(s.tokens, "tokens");
          files::remove_file(root + "/vocab.txt");
          d.write("cfg.yaml", s.tokens_config(root));
-         return Invocation{{"fit", "cfg.yaml"}, {root + "/vocab.txt", "cannot open vocab file"}};
+         return Invocation{{"fit", "cfg.yaml"}, {"cfg.yaml:2:", "key 'data.vocab_file': " + root + "/vocab.txt does not exist"}};
        }},
       {"TSV with a bad row", kExitData,
        [&](const CaseDir& d) {

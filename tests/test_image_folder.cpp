@@ -909,7 +909,7 @@ TEST_CASE("ImageFolder directory and config errors", "[data][image_folder]") {
     config = folder_config(dir.path);
     config.val_dir = "validation";
     CHECK_THAT(data_error([&] { make_dataset(config, Split::Val); }),
-               Contains(dir / "validation") && Contains("no such directory"));
+               Contains("key 'data.val_dir': " + dir / "validation" + " does not exist"));
   }
   SECTION("a validation class that training lacks") {
     files::make_directories(dir / "val/emu");

@@ -60,14 +60,16 @@ std::string default_run_dir(const std::string& config_path) {
 }
 
 // Runs `body`, the part of a command after its config was loaded. A ConfigError found there (by
-// the dataset factory, the model registry, the plan) gets the file, line and column where its key
-// was set, like the errors the parser finds.
+// the dataset factory, the model registry, the plan), and a DataError about a path the config
+// names, get the file, line and column where its key was set, like the errors the parser finds.
 template <typename Body>
 int with_config_location(const Config& config, Body&& body) {
   try {
     return body();
   } catch (const ConfigError& e) {
     throw ConfigError(locate_config_error(config, e.what()));
+  } catch (const DataError& e) {
+    throw DataError(locate_data_error(config, e.what()), e.exit_code());
   }
 }
 

@@ -1320,6 +1320,10 @@ std::string locate_config_error(const Config& config, const std::string& message
   return config.where(path) + ": " + message;  // the source alone when no key is named
 }
 
+std::string locate_data_error(const Config& config, const std::string& message) {
+  return message.compare(0, 5, "key '") == 0 ? locate_config_error(config, message) : message;
+}
+
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
   if (files::is_directory(path))
     throw ConfigError(path + ": is a directory, expected a YAML config file");

@@ -388,7 +388,7 @@ RunParts prepare_run_unlocated(const Config& config, const RunOptions& options) 
   } catch (const DataError& e) {
     if (!options.data_optional || config.data.image_size <= 0) throw;
     shape = {config.model.in_channels, config.data.image_size, config.data.image_size};
-    log::warn(std::string("data not readable here (") + e.what() + "); planning for input " +
+    log::warn("data not readable here (" + locate_data_error(config, e.what()) + "); planning for input " +
               std::to_string(shape[0]) + "x" + std::to_string(shape[1]) + "x" + std::to_string(shape[2]) +
               " from the config");
   }
@@ -466,6 +466,8 @@ RunParts prepare_run(const Config& config, const RunOptions& options) {
     // The dataset factory, the model registry and the plan name keys; the error gets the file,
     // line and column (or --set) where the key was set, like the parser's own.
     throw ConfigError(locate_config_error(config, e.what()));
+  } catch (const DataError& e) {
+    throw DataError(locate_data_error(config, e.what()), e.exit_code());
   }
 }
 

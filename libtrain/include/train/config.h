@@ -228,6 +228,11 @@ Config parse_config(const std::string& yaml_text, const std::string& source_name
 // config's source. Used to rethrow such a ConfigError with its location.
 std::string locate_config_error(const Config& config, const std::string& message);
 
+// The same for a DataError, whose message is located only when it names a key ("key 'data.root':
+// data/x does not exist", from the dataset factory); a message about a file's contents names the
+// file and is returned as it is.
+std::string locate_data_error(const Config& config, const std::string& message);
+
 // The fully resolved config (every key, defaults filled in) as YAML that parse_config accepts.
 std::string to_yaml(const Config& config);
 

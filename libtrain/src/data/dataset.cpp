@@ -12,6 +12,8 @@
 #include <train/files.h>
 #include <torch/nn/functional/upsampling.h>
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <mutex>
@@ -465,12 +467,64 @@ DatasetPtr make_tokens(const DataConfig& config, Split split) {
   }
 }
 
+// What a relative path is taken against (data.root and the names in it are joined first, so a
+// relative path here is relative to the working directory); nothing for an absolute one.
+std::string relative_note(const std::string& path) {
+  if (path.empty() || path.front() == '/') return "";
+  std::vector<char> buffer(4096);
+  if (::getcwd(buffer.data(), buffer.size()) == nullptr) return " (relative to the working directory)";
+  return " (relative to the working directory " + std::string(buffer.data()) + ")";
+}
+
+// The paths the data section names that are not there, reported by key ("key 'data.root': ..."),
+// so that the command puts where the key was set in front of the message: a dataset not prepared
+// yet, or a run started from another directory, is then plain from the message. Only existence is
+// checked here; each reader checks its file's type and contents. Still a DataError (exit code 1).
+void require_paths(const DataConfig& config, Split split) {
+  const bool train = split == Split::Train;
+  const bool uses_root = config.kind == "idx" || config.kind == "image_folder" || config.kind == "tsv" ||
+                         (config.kind == "tokens" && !config.root.empty());
+  if (uses_root && !config.root.empty() && !files::exists(config.root)) {
+    throw DataError("key 'data.root': " + config.root + " does not exist" + relative_note(config.root));
+  }
+  if (uses_root && config.root.empty()) return;  // the kind's own check says that data.root is required
+  std::vector<std::pair<std::string, std::string>> paths;  // key, the path as the reader opens it
+  if (config.kind == "idx") {
+    for (const auto& [key, stem] : {train ? std::pair{"data.train_images", &config.train_images}
+                                          : std::pair{"data.val_images", &config.val_images},
+                                    train ? std::pair{"data.train_labels", &config.train_labels}
+                                          : std::pair{"data.val_labels", &config.val_labels}}) {
+      const std::string path = files::join(config.root, *stem);
+      if (!files::exists(path) && !files::exists(path + ".gz")) {
+        throw DataError(std::string("key '") + key + "': neither " + path + " nor " + path + ".gz exists" +
+                        relative_note(path));
+      }
+    }
+  } else if (config.kind == "image_folder") {
+    paths.emplace_back("data.train_dir", files::join(config.root, config.train_dir));
+    if (!train) paths.emplace_back("data.val_dir", files::join(config.root, config.val_dir));
+  } else if (config.kind == "tokens") {
+    if (!config.vocab_file.empty()) paths.emplace_back("data.vocab_file", in_root(config, config.vocab_file));
+    if (train && !config.train_tokens.empty()) paths.emplace_back("data.train_tokens", in_root(config, config.train_tokens));
+    if (!train && !config.val_tokens.empty()) paths.emplace_back("data.val_tokens", in_root(config, config.val_tokens));
+  } else if (config.kind == "tsv") {
+    if (!config.vocab_file.empty()) paths.emplace_back("data.vocab_file", in_root(config, config.vocab_file));
+    // The validation split takes its class list from the training file.
+    if (!config.train_tsv.empty()) paths.emplace_back("data.train_tsv", in_root(config, config.train_tsv));
+    if (!train && !config.val_tsv.empty()) paths.emplace_back("data.val_tsv", in_root(config, config.val_tsv));
+  }
+  for (const auto& [key, path] : paths) {
+    if (!files::exists(path)) throw DataError("key '" + key + "': " + path + " does not exist" + relative_note(path));
+  }
+}
+
 }  // namespace
 
 DatasetPtr make_dataset(const DataConfig& config, Split split) {
   if (config.uint8 && config.kind != "image_folder") {
     throw ConfigError("data.uint8 applies to image_folder only, not to " + config.kind);
   }
+  require_paths(config, split);
   if (config.kind == "synthetic") return make_synthetic(config, split);
   if (config.kind == "idx") return make_idx(config, split);
   if (config.kind == "image_folder") return make_image_folder(config, split);
