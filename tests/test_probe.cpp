@@ -272,6 +272,51 @@ TEST_CASE("a probe that runs out of memory while copying the model leaves the mo
   }
 }
 
+TEST_CASE("probe_memory on the CPU grows with the batch for a transformer trained with AdamW", "[probe]") {
+  // BERT-tiny with a 20k vocabulary (2.8 M parameters, the embedding most of them): at 2 and 4
+  // sequences a parameter-sized buffer sets the step's peak, the same at both. A probe that fitted
+  // the peaks alone found 512 bytes per sample here (the input ids) and planned micro-batches of
+  // millions.
+  ModelConfig config;
+  config.name = "bert-mlm";
+  config.preset = "bert-tiny";
+  config.vocab_size = 20000;
+  config.max_positions = 64;
+  config.dropout = 0.1;
+  auto model = models::make_model(config);
+  ProbeOptions options;
+  options.input_shape = {64};
+  options.num_classes = 20000;
+  options.device = "cpu";
+  options.target_fraction = 0.15;
+  options.optim.name = "adamw";
+  options.optim.weight_decay = 0.01;
+  options.optim.clip_grad_norm = 1.0;
+
+  // The plan probes 2 and 4 on a CPU. Their peaks are flat while the activations grow: the fit
+  // asks for a larger batch, at most the largest the plan could use.
+  const MemoryFit small = probe_memory(*model, options, {2, 4});
+  CAPTURE(small.points[0].peak_bytes, small.points[0].activation_bytes, small.points[1].peak_bytes,
+          small.points[1].activation_bytes, small.per_sample_bytes);
+  CHECK(small.per_sample_bytes > 64 * 1024);  // the activations' slope, though the peaks are flat
+  const int64_t more = small.batch_beyond_flat(64);
+  CHECK(more > 4);
+  CHECK(more <= 64);
+  CHECK(small.batch_beyond_flat(4) == 0);  // nothing larger is of use
+  if (more <= 4 || more >= 64) return;
+
+  // Measured in one call with a batch beyond them all, the fit must not undercount it.
+  const MemoryFit probed = probe_memory(*model, options, {2, 4, more, 64});
+  REQUIRE(probed.points.size() == 4);
+  const MemoryFit fit = fit_memory({probed.points[0], probed.points[1], probed.points[2]});
+  CHECK(fit.batch_beyond_flat(64) == 0);
+  const int64_t measured = probed.points[3].peak_bytes;
+  const int64_t predicted = fit.predict(64);
+  CAPTURE(more, fit.fixed_bytes, fit.per_sample_bytes, probed.points[2].peak_bytes, predicted, measured);
+  CHECK(predicted >= measured * 0.95);  // a plan must not count on memory the step needs
+  CHECK(relative_error(static_cast<double>(predicted), static_cast<double>(measured)) < 0.25);
+}
+
 TEST_CASE("probe options are validated", "[probe]") {
   auto model = small_resnet();
   ProbeOptions options = small_resnet_options("cpu");

@@ -21,7 +21,9 @@
 namespace train {
 namespace {
 
-constexpr int kCacheFormat = 1;
+// 2: memory probes measure forward-and-backward and the optimizer step apart (format 1 entries
+// could hold a per-sample cost taken from optimizer-step peaks, near 0 for transformers).
+constexpr int kCacheFormat = 2;
 
 uint64_t fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull) {
   for (unsigned char c : s) {

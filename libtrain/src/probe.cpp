@@ -267,29 +267,41 @@ class ProbeSession {
   }
 
   // One step as the trainer takes it, with random targets shaped like the logits without their
-  // last dimension.
+  // last dimension: forward(), backward(), update().
   void step() {
+    backward(forward());
+    update();
+  }
+
+  // Clears the gradients (to none) and runs the forward pass: the loss, holding the activations
+  // the backward pass needs.
+  torch::Tensor forward() {
     torch::AutoGradMode grad_mode(true);
     optimizer_->zero_grad();
-    torch::Tensor loss;
-    {
-      AutocastScope amp(device_.type(), options_.fp16 ? torch::kHalf : torch::kBFloat16,
-                        options_.bf16 || options_.fp16);
-      const torch::Tensor logits =
-          options_.target_fraction < 1.0
-              ? model_.forward_selected(input_, torch::rand(input_.sizes(), torch::TensorOptions().device(device_))
-                                                    .lt(options_.target_fraction))
-              : model_.forward(input_);
-      const torch::Tensor target =
-          torch::randint(options_.num_classes, logits.sizes().slice(0, logits.dim() - 1),
-                         torch::TensorOptions().dtype(torch::kLong).device(device_));
-      loss = torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat),
-                                                  target.reshape({-1}));
-    }
-    loss.backward();
-    if (options_.optim.clip_grad_norm > 0) clip_grad_norm(model_, options_.optim.clip_grad_norm);
-    optimizer_->step();
+    AutocastScope amp(device_.type(), options_.fp16 ? torch::kHalf : torch::kBFloat16, options_.bf16 || options_.fp16);
+    const torch::Tensor logits =
+        options_.target_fraction < 1.0
+            ? model_.forward_selected(input_, torch::rand(input_.sizes(), torch::TensorOptions().device(device_))
+                                                  .lt(options_.target_fraction))
+            : model_.forward(input_);
+    const torch::Tensor target =
+        torch::randint(options_.num_classes, logits.sizes().slice(0, logits.dim() - 1),
+                       torch::TensorOptions().dtype(torch::kLong).device(device_));
+    return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat),
+                                                target.reshape({-1}));
   }
+
+  // Backward and gradient clipping; the graph, and with it the activations, go with `loss`.
+  void backward(torch::Tensor loss) {
+    torch::AutoGradMode grad_mode(true);
+    loss.backward();
+    loss = torch::Tensor();
+    if (options_.optim.clip_grad_norm > 0) clip_grad_norm(model_, options_.optim.clip_grad_norm);
+  }
+
+  // The optimizer step: its temporaries (a foreach or fused step's copies of the gradients or the
+  // parameters) do not depend on the batch.
+  void update() { optimizer_->step(); }
 
  private:
   models::Model& model_;
@@ -396,8 +408,16 @@ MemoryFit probe_memory(models::Model& model, const ProbeOptions& options, const 
       ProbeSession session(model, options, device, batch);
       for (int i = 0; i < options.warmup_steps; ++i) session.step();
       meter.reset_peak();
-      session.step();
+      // What the forward pass keeps for the backward grows with the batch from the first sample.
+      // The peak need not: at small batches a buffer the size of the parameters (the sum of a
+      // tied embedding's two gradients, an optimizer step's temporaries) can outweigh the
+      // activations, so the peaks of two small batches can be equal.
+      torch::Tensor loss = session.forward();
+      point.activation_bytes = meter.live_bytes() - baseline;
+      session.backward(std::move(loss));
       point.peak_bytes = meter.peak_bytes() - baseline;
+      session.update();
+      point.peak_bytes = std::max(point.peak_bytes, meter.peak_bytes() - baseline);
     });
     points.push_back(point);
   }
@@ -449,29 +469,67 @@ int64_t choose_by_throughput(const std::vector<ProbePoint>& points, double min_g
 MemoryFit fit_memory(std::vector<ProbePoint> points) {
   MemoryFit fit;
   fit.points = std::move(points);
-  double n = 0, sum_batch = 0, sum_bytes = 0;
+  std::vector<const ProbePoint*> measured;
   for (const ProbePoint& p : fit.points) {
-    if (p.oom) continue;
-    n += 1;
-    sum_batch += static_cast<double>(p.batch);
-    sum_bytes += static_cast<double>(p.peak_bytes);
+    if (!p.oom) measured.push_back(&p);
   }
-  if (n == 0) return fit;
-  const double mean_batch = sum_batch / n, mean_bytes = sum_bytes / n;
-  double sxx = 0, sxy = 0;  // centred sums, for accuracy with byte counts in the billions
-  for (const ProbePoint& p : fit.points) {
-    if (p.oom) continue;
-    const double dx = static_cast<double>(p.batch) - mean_batch;
+  if (measured.empty()) return fit;
+  std::sort(measured.begin(), measured.end(), [](const ProbePoint* x, const ProbePoint* y) { return x->batch < y->batch; });
+  const ProbePoint& largest = *measured.back();
+  if (measured.front()->batch == largest.batch) {
+    // One batch size: a line through the origin.
+    fit.per_sample_bytes = static_cast<double>(largest.peak_bytes) / static_cast<double>(largest.batch);
+    return fit;
+  }
+  // The peak is max(a constant, fixed + slope x batch): flat while a buffer the size of the
+  // parameters is the largest thing alive (the sum of a tied embedding's two gradients, an
+  // optimizer step's temporaries), a line once the activations are. The slope is the steeper of
+  // the peaks' between the two largest batches (where the line is, if anywhere) and that of the
+  // activations the forward pass keeps (least squares over every batch: they grow from the first
+  // sample, and show a slope even where the peaks are flat); the line is the lowest with that
+  // slope that passes over every measured peak.
+  const ProbePoint& below = **(measured.end() - 2);
+  const double peak_slope = static_cast<double>(largest.peak_bytes - below.peak_bytes) /
+                            static_cast<double>(largest.batch - below.batch);
+  double mean_batch = 0, mean_activations = 0;
+  for (const ProbePoint* p : measured) {
+    mean_batch += static_cast<double>(p->batch) / static_cast<double>(measured.size());
+    mean_activations += static_cast<double>(p->activation_bytes) / static_cast<double>(measured.size());
+  }
+  double sxx = 0, sxa = 0;  // centred sums, for accuracy with byte counts in the billions
+  for (const ProbePoint* p : measured) {
+    const double dx = static_cast<double>(p->batch) - mean_batch;
     sxx += dx * dx;
-    sxy += dx * (static_cast<double>(p.peak_bytes) - mean_bytes);
+    sxa += dx * (static_cast<double>(p->activation_bytes) - mean_activations);
   }
-  if (sxx == 0) {
-    fit.per_sample_bytes = mean_bytes / mean_batch;  // one batch size: through the origin
-  } else {
-    fit.per_sample_bytes = sxy / sxx;
-    fit.fixed_bytes = std::llround(mean_bytes - fit.per_sample_bytes * mean_batch);
+  fit.per_sample_bytes = std::max(peak_slope, sxa / sxx);
+  fit.fixed_bytes = std::numeric_limits<int64_t>::min();
+  for (const ProbePoint* p : measured) {
+    const double above = static_cast<double>(p->peak_bytes) - fit.per_sample_bytes * static_cast<double>(p->batch);
+    fit.fixed_bytes = std::max(fit.fixed_bytes, static_cast<int64_t>(std::ceil(above)));
   }
   return fit;
+}
+
+int64_t MemoryFit::batch_beyond_flat(int64_t largest_useful) const {
+  const ProbePoint *low = nullptr, *top = nullptr;
+  for (const ProbePoint& p : points) {
+    if (p.oom) return 0;  // memory bounds the batch already
+    if (low == nullptr || p.batch < low->batch) low = &p;
+    if (top == nullptr || p.batch > top->batch) top = &p;
+  }
+  if (low == nullptr || low->batch == top->batch) return 0;
+  const int64_t activations = top->activation_bytes - low->activation_bytes;
+  if (activations <= 0 || top->peak_bytes - low->peak_bytes >= activations / 2) return 0;  // on the line already
+  // The activations must outgrow what the peak holds beyond them before the peak follows: measure
+  // at twice the batch where they would, a power of two, within what the plan could use.
+  const double per_sample = static_cast<double>(activations) / static_cast<double>(top->batch - low->batch);
+  const double needed =
+      static_cast<double>(top->batch) + 2.0 * static_cast<double>(top->peak_bytes - top->activation_bytes) / per_sample;
+  int64_t batch = 2 * top->batch;
+  while (static_cast<double>(batch) < needed && batch < largest_useful) batch *= 2;
+  batch = std::min(batch, largest_useful);
+  return batch > top->batch ? batch : 0;
 }
 
 bool MemoryFit::measured() const {

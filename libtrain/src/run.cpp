@@ -114,6 +114,41 @@ bool store_or_warn(PlanCache& cache, const PlanCacheKey& key, const MemoryEviden
   }
 }
 
+// The largest micro-batch the plan could use: the per-rank batch in fixed mode; in scale mode the
+// per-rank share of the largest global batch it may grow to. Both within tuning.max_micro_batch.
+int64_t largest_useful_micro_batch(const Config& config, int world_size) {
+  const int64_t ranks = std::max(1, world_size);
+  int64_t largest = config.trainer.global_batch / ranks;
+  if (config.tuning.batch == "scale") largest = max_scaled_global_batch(config) / ranks;
+  if (config.tuning.max_micro_batch > 0) largest = std::min(largest, config.tuning.max_micro_batch);
+  return largest;
+}
+
+// "2, 4, 32": the batches a fit measured, in order.
+std::string list_batches(const MemoryFit& fit) {
+  std::vector<int64_t> batches;
+  for (const ProbePoint& p : fit.points) batches.push_back(p.batch);
+  std::sort(batches.begin(), batches.end());
+  std::string text;
+  for (size_t i = 0; i < batches.size(); ++i) text += (i ? ", " : "") + std::to_string(batches[i]);
+  return text;
+}
+
+// probe_memory at `batches`, and once more with a larger batch when their peaks are flat while the
+// activations grow (a transformer at 2 and 4 sequences: a parameter-sized buffer sets the peak),
+// so that the line the plan extrapolates is one the peaks follow.
+MemoryFit probe_with_activations_in_view(models::Model& model, const ProbeOptions& options,
+                                         std::vector<int64_t> batches, int64_t largest_useful) {
+  MemoryFit fit = probe_memory(model, options, batches);
+  if (const int64_t more = fit.batch_beyond_flat(largest_useful); more > 0) {
+    log::info(log::str("memory probe: the peaks at ", list_batches(fit), " are flat while the activations grow; ",
+                       "measuring at ", more, " too"));
+    batches.push_back(more);
+    fit = probe_memory(model, options, batches);  // one baseline for all points
+  }
+  return fit;
+}
+
 // The fp32 CPU measurement a named-device plan converts, from the plan cache when this machine
 // already made it for the same model, input, optimizer and LibTorch.
 MemoryFit cpu_measurement_for_named_device(const Config& config, models::Model& model, const ProbeOptions& options,
@@ -138,23 +173,13 @@ MemoryFit cpu_measurement_for_named_device(const Config& config, models::Model& 
     from_cache = true;
     return fit;
   }
-  fit = probe_memory(model, options, batches);
+  fit = probe_with_activations_in_view(model, options, batches, largest_useful_micro_batch(config, 1));
   MemoryEvidence measured;
   measured.fixed_bytes = fit.fixed_bytes;
   measured.per_sample_bytes = fit.per_sample_bytes;
-  measured.source = "probe on cpu at " + batch_list;
+  measured.source = "probe on cpu at " + list_batches(fit);
   if (fit.measured()) store_or_warn(cache, key, measured, scope + " (cpu measurement)");
   return fit;
-}
-
-// The largest micro-batch the plan could use: the per-rank batch in fixed mode; in scale mode the
-// per-rank share of the largest global batch it may grow to. Both within tuning.max_micro_batch.
-int64_t largest_useful_micro_batch(const Config& config, int world_size) {
-  const int64_t ranks = std::max(1, world_size);
-  int64_t largest = config.trainer.global_batch / ranks;
-  if (config.tuning.batch == "scale") largest = max_scaled_global_batch(config) / ranks;
-  if (config.tuning.max_micro_batch > 0) largest = std::min(largest, config.tuning.max_micro_batch);
-  return largest;
 }
 
 // Measures (or, for a named device, estimates) memory per micro-batch and, on a real GPU,
@@ -212,7 +237,7 @@ MemoryEvidence gather_evidence(const Config& config, const DeviceProfile& device
     fit = cpu_measurement_for_named_device(config, model, options, batches, batch_list, cache, scope,
                                            measurement_cached);
   } else {
-    fit = probe_memory(model, options, batches);
+    fit = probe_with_activations_in_view(model, options, batches, largest_useful_micro_batch(config, world_size));
     if (!fit.measured() && device.is_cuda()) {
       // Even the smallest size ran out of memory: measure below it, keeping those points.
       std::vector<ProbePoint> points = probe_memory(model, options, {1, 2, 4}).points;
@@ -221,6 +246,7 @@ MemoryEvidence gather_evidence(const Config& config, const DeviceProfile& device
       batch_list = "1, 2, 4, " + batch_list;
     }
   }
+  if (!measurement_cached) batch_list = list_batches(fit);
   evidence.fixed_bytes = fit.fixed_bytes;
   evidence.per_sample_bytes = fit.per_sample_bytes;
   evidence.budget_bytes = budget_bytes;

@@ -38,8 +38,13 @@ struct ProbePoint {
   int64_t peak_bytes = 0;        // probe_memory: peak device memory of one step above the probe's start
   double seconds_per_step = 0;   // probe_throughput
   bool oom = false;              // this batch ran out of device memory; the other fields are 0
+  int64_t activation_bytes = 0;  // probe_memory: memory in use after the forward pass, above the start
 };
 
+// The line fixed + per_sample x batch under which every measured peak lies. Its slope is the
+// steeper of the peaks' between the two largest batches and that of the memory the forward pass
+// keeps (the activations): at small batches a buffer the size of the parameters can set the peak,
+// the same at every batch, while the activations grow from the first sample.
 struct MemoryFit {
   int64_t fixed_bytes = 0;       // parameters, gradients, optimizer state, workspaces
   double per_sample_bytes = 0;   // activations and the batch itself
@@ -51,6 +56,10 @@ struct MemoryFit {
   // memory; 0 if there is none or nothing was measured. With a non-positive per_sample_bytes the
   // line cannot extrapolate, so the answer is at most the largest measured batch.
   int64_t max_batch(int64_t budget_bytes) const;
+  // When the peaks stay flat while the activations grow (the batches measured are too small for
+  // the activations to set the peak), a batch up to largest_useful at which the peak should follow
+  // them, to measure as well; 0 when the points already show the line or it would not matter.
+  int64_t batch_beyond_flat(int64_t largest_useful) const;
 };
 
 // Peak memory of one full training step at each batch (after options.warmup_steps), relative to
@@ -77,8 +86,8 @@ std::vector<ProbePoint> probe_throughput(models::Model& model, const ProbeOption
 // 0 if no point was measured.
 int64_t choose_by_throughput(const std::vector<ProbePoint>& points, double min_gain = 0.05);
 
-// Least-squares line through (batch, peak_bytes) of the points that did not run out of memory.
-// A single batch size gives a line through the origin, which overestimates larger batches.
+// The MemoryFit of the points that did not run out of memory (see MemoryFit). A single batch size
+// gives a line through the origin, which overestimates larger batches.
 MemoryFit fit_memory(std::vector<ProbePoint> points);
 
 // Counts the bytes LibTorch allocates through its CPU allocator while the counter is alive: it
