@@ -760,10 +760,15 @@ TEST_CASE("data.kind: tokens builds MLM datasets from the config", "[data][token
   data.mask_id = 4;
   data.pack = false;
   data.train_tokens = dir / "train.tokens";  // absolute: root is not prepended
-  data.root = "/nonexistent";
+  files::make_directories(dir / "elsewhere");
+  data.root = dir / "elsewhere";
   CHECK(make_dataset(data, Split::Train)->size() == 40);
   data.train_tokens = "missing.tokens";
-  CHECK_THAT(data_error([&] { make_dataset(data, Split::Train); }), Contains("/nonexistent/missing.tokens"));
+  CHECK_THAT(data_error([&] { make_dataset(data, Split::Train); }), Contains("elsewhere/missing.tokens"));
+  // A data.root that is not there is named by its key, even when every file is given absolute.
+  data.train_tokens = dir / "train.tokens";
+  data.root = "/nonexistent";
+  CHECK_THAT(data_error([&] { make_dataset(data, Split::Train); }), Contains("key 'data.root': /nonexistent"));
 
   auto config_error = [&](const std::string& yaml) {
     try {
