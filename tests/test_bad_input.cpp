@@ -1035,6 +1035,18 @@ TEST_CASE("bad_input: a finished run's directory is left unchanged", "[bad_input
                             "--set", "trainer.max_steps=3"},
                            {root + "/train/bee/1.jpg", "JPEG", "left run as it was before this run"}};
        }},
+      {"--resume from an older checkpoint, then a truncated JPEG: an earlier resume's set-aside checkpoint of the "
+       "same step stays as it was", kExitData,
+       [&](const CaseDir& d) {
+         const std::string root =
+             finished_run(d, {"--set", "trainer.max_steps=2", "--set", "checkpoint.every_steps=1"});
+         d.write("run/checkpoints/abandoned/step_00000002.pt", "an earlier attempt's future");
+         d.write("run/checkpoints/abandoned/step_00000002.pt.crc32c", "its checksum");
+         d.write("folder/train/bee/1.jpg", cut(jpeg(32, 1), 250));
+         return Invocation{{"fit", "cfg.yaml", "--run-dir", "run", "--resume", "run/checkpoints/step_00000001.pt",
+                            "--set", "trainer.max_steps=3"},
+                           {root + "/train/bee/1.jpg", "JPEG", "left run as it was before this run"}};
+       }},
       {"--resume from an older checkpoint with a metrics.jsonl over 256 KiB, then a truncated JPEG: its rows come back",
        kExitData,
        [&](const CaseDir& d) {

@@ -274,6 +274,10 @@ TEST_CASE("cli: mistakes found before anything starts: tuning.device in fit, --n
   CHECK(err.find("did you mean 'resnet18'?") != std::string::npos);
   err = stderr_of([&] { CHECK(cli({"check", cfg, "--set", "tuning.device=a100-80g"}) == train::kExitInvalid); });
   CHECK(err.find("--set tuning.device=a100-80g: key 'tuning.device': unknown device") != std::string::npos);
+  // plan --device: named as the flag the user gave.
+  err = stderr_of([&] { CHECK(cli({"plan", cfg, "--device", "a100-80g"}) == train::kExitInvalid); });
+  CHECK(err.find("--device a100-80g: unknown device 'a100-80g'; did you mean 'a100-80gb'?") != std::string::npos);
+  CHECK(err.find("tuning.device") == std::string::npos);
   const std::string with_init = tmp.write(
       "with_init.yaml", "model: {name: resnet18, in_channels: 1, num_classes: 10, width: 0.125, small_input: true,\n"
                         "        init_from: " + (tmp / "none.pt") + "}\n"

@@ -483,6 +483,10 @@ TEST_CASE("overrides (--set) are typed, checked and applied after the file", "[c
         Contains("--set optim.lrr=0.1: key 'optim.lrr': unknown key; did you mean 'optim.lr'?"));
     CHECK_THAT(config_error(kRequired, {"optimm.lr=0.1"}), Contains("did you mean 'optim.lr'?"));
     CHECK_THAT(config_error(kRequired, {"lr=0.1"}), Contains("did you mean 'optim.lr'?"));
+    // A flat key names its section's key, not a path that looks alike.
+    CHECK_THAT(config_error(kRequired, {"epochs=3"}), Contains("did you mean 'trainer.epochs'?"));
+    CHECK_THAT(config_error(kRequired, {"global_batch=8"}), Contains("did you mean 'trainer.global_batch'?"));
+    CHECK_THAT(config_error(kRequired, {"seed=3"}), Contains("did you mean 'trainer.seed'?"));
     // Case does not count in suggestions: FP16 is fp16, not bf16 one edit away.
     CHECK_THAT(config_error(kRequired, {"precision.mode=FP16"}), Contains("did you mean 'fp16'?"));
     CHECK_THAT(config_error(kRequired, {"optim.LR=0.1"}), Contains("did you mean 'optim.lr'?"));

@@ -124,6 +124,7 @@ TEST_CASE("plan: schedule length from epochs or max_steps", "[plan]") {
   finalize_schedule(p, c, 1000);
   CHECK(p.total_steps == 10);
   CHECK(p.warmup_steps == 10);
+  CHECK_THAT(p.to_text(), Catch::Contains("warmup_epochs x steps/epoch = 16, capped by the run's 10 steps"));
 
   CHECK_THROWS_WITH(finalize_schedule(p, c, 16), Catch::Contains("larger than the training set"));
 }

@@ -23,6 +23,33 @@ GradScaler::Options scaler_options(double init_scale, int64_t growth_interval) {
   return options;
 }
 
+// One fp32 and one bf16 parameter under a GradScaler on `device`: both are unscaled exactly, and
+// an inf in the gradients skips the step for both and halves the scale.
+void check_bf16_beside_fp32(const torch::Device& device) {
+  auto w32 = torch::zeros({3}, torch::TensorOptions(torch::kFloat).device(device).requires_grad(true));
+  auto w16 = torch::zeros({3}, torch::TensorOptions(torch::kBFloat16).device(device).requires_grad(true));
+  torch::optim::SGD sgd({w32, w16}, torch::optim::SGDOptions(1.0));
+  GradScaler scaler(scaler_options(8.0, 100));
+  auto step = [&](float bad) {
+    sgd.zero_grad();
+    const auto c = torch::tensor({0.5f, bad, 0.25f}).to(device);
+    const auto loss = (w32 * c).sum() + (w16.to(torch::kFloat) * c).sum();
+    scaler.scale(loss).backward();
+    CHECK(w16.grad().scalar_type() == torch::kBFloat16);
+    const bool stepped = scaler.step(sgd);
+    scaler.update();
+    return stepped;
+  };
+  const auto after_one = torch::tensor({-0.5f, -1.0f, -0.25f});
+  CHECK(step(1.0f));
+  CHECK(torch::equal(w32.detach().cpu(), after_one));
+  CHECK(torch::equal(w16.detach().cpu().to(torch::kFloat), after_one));
+  CHECK_FALSE(step(std::numeric_limits<float>::infinity()));
+  CHECK(scaler.get_scale() == 4.0);
+  CHECK(torch::equal(w32.detach().cpu(), after_one));
+  CHECK(torch::equal(w16.detach().cpu().to(torch::kFloat), after_one));
+}
+
 int64_t growth_tracker(const GradScaler& scaler) { return scaler.state().at("scaler/growth_tracker").item<int64_t>(); }
 
 // One parameter and plain SGD (lr 1): loss = sum(w * c) has the gradient c, so a step that is
@@ -265,6 +292,11 @@ TEST_CASE("GradScaler: the CPU fallback matches the ATen kernels bit for bit", "
   }
 }
 
+TEST_CASE("GradScaler: bf16 gradients beside fp32 ones are unscaled, and an inf in either skips the step",
+          "[amp][scaler]") {
+  check_bf16_beside_fp32(torch::Device("cpu"));
+}
+
 TEST_CASE("cuda: the scaler on the GPU: the ATen CUDA kernels match the CPU fallback, fp16 included, and a step "
           "grows, backs off and skips", "[cuda][amp][scaler]") {
   TRAIN_SKIP_WITHOUT_CUDA("no CUDA device visible: the CUDA loss-scaling kernels are checked by scripts/gpu-check on a GPU machine");
@@ -286,8 +318,14 @@ TEST_CASE("cuda: the scaler on the GPU: the ATen CUDA kernels match the CPU fall
           }
           auto found_gpu = torch::zeros({}, torch::TensorOptions(torch::kFloat).device(cuda));
           auto found_cpu = torch::zeros({}, torch::kFloat);
-          at::_amp_foreach_non_finite_check_and_unscale_(on_gpu, found_gpu,
-                                                         torch::full({}, inv, torch::TensorOptions(torch::kFloat).device(cuda)));
+          const auto inv_gpu = torch::full({}, inv, torch::TensorOptions(torch::kFloat).device(cuda));
+          if (dtype == torch::kBFloat16) {
+            // ATen's CUDA kernel has no bf16 (2.11: "not implemented for 'BFloat16'"): GradScaler
+            // runs the fallback on the GPU for bf16 gradients, checked against it on the CPU.
+            train::detail::non_finite_check_and_unscale(on_gpu, found_gpu, inv_gpu);
+          } else {
+            at::_amp_foreach_non_finite_check_and_unscale_(on_gpu, found_gpu, inv_gpu);
+          }
           train::detail::non_finite_check_and_unscale(on_cpu, found_cpu, torch::full({}, inv, torch::kFloat));
           CHECK(same(found_gpu.cpu(), found_cpu));
           CHECK(found_cpu.item<float>() == (bad == 0.0f ? 0.0f : 1.0f));
@@ -343,5 +381,9 @@ TEST_CASE("cuda: the scaler on the GPU: the ATen CUDA kernels match the CPU fall
     CHECK(scaler.get_scale() == 8.0);
     CHECK(torch::equal(w.detach().cpu().view({3}), -2 * grad_c()));
     for (const auto& [name, tensor] : scaler.state()) CHECK(tensor.device().is_cpu());  // checkpoints hold CPU tensors
+  }
+  SECTION("a GradScaler unscales bf16 gradients on the GPU beside fp32 ones, and skips on an inf in either") {
+    // ATen's CUDA unscale kernel does not take bf16: GradScaler unscales those by the fallback.
+    check_bf16_beside_fp32(cuda);
   }
 }

@@ -392,6 +392,36 @@ TEST_CASE("tensorboard: after a resume no event file holds a step after the chec
                                    "check " + tmp.path + " " + tmp / "metrics.jsonl" + " train/loss val/loss") == 0);
 }
 
+TEST_CASE("tensorboard: an evaluation done again after a resume replaces its records at that step, not the "
+          "training ones", "[tensorboard][resume]") {
+  TempDir tmp;
+  train::LoggingConfig logging;
+  {  // trains steps 1 and 2; a stop after step 2 puts its evaluation off (checkpoint at 2)
+    train::MetricsSink first(tmp.path, logging);
+    first.start_after(0);
+    for (int64_t step = 1; step <= 2; ++step) first.write(loss_row(step, "train", 1.0));
+  }
+  auto resume = [&](int64_t last_step) {  // evaluates at 2 first, then trains to last_step
+    train::MetricsSink sink(tmp.path, logging);
+    sink.start_after(2, /*evaluation_pending=*/true);
+    sink.write(loss_row(2, "val", 2.0));
+    for (int64_t step = 3; step <= last_step; ++step) sink.write(loss_row(step, "train", 2.0));
+  };
+  resume(3);  // killed after step 3, before its next checkpoint
+  resume(4);  // from the checkpoint at 2 again
+  std::vector<std::string> names = event_files(tmp.path);
+  std::sort(names.begin(), names.end());
+  REQUIRE(names.size() == 3);
+  CHECK(scalar_steps(names[0]) == std::vector<int64_t>{1, 2});  // train/loss at 2 stays
+  CHECK(scalar_steps(names[1]).empty());                        // its val at 2 and step 3 went
+  CHECK(scalar_steps(names[2]) == std::vector<int64_t>{2, 3, 4});
+  const std::string rows = read_bytes(tmp / "metrics.jsonl");
+  CHECK(rows ==
+        "{\"step\":1,\"split\":\"train\",\"loss\":1}\n{\"step\":2,\"split\":\"train\",\"loss\":1}\n"
+        "{\"step\":2,\"split\":\"val\",\"loss\":2}\n{\"step\":3,\"split\":\"train\",\"loss\":2}\n"
+        "{\"step\":4,\"split\":\"train\",\"loss\":2}\n");
+}
+
 TEST_CASE("tensorboard: a rollback rewrites the open event file, a cut-short record goes, an unreadable file stays",
           "[tensorboard][resume]") {
   TempDir tmp;

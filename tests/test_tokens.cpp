@@ -24,6 +24,7 @@
 #include "train/data/transforms.h"
 #include "train/errors.h"
 #include "train/files.h"
+#include "train/log.h"
 
 using namespace train::data;
 using Catch::Matchers::Contains;
@@ -751,6 +752,23 @@ TEST_CASE("data.kind: tokens builds MLM datasets from the config", "[data][token
   CHECK(tokens.masker().is_special(6));
   CHECK_FALSE(tokens.masker().is_special(7));
 
+  {  // A token file that records other ids for [CLS] and [SEP] than the vocab file has: said.
+    TokenFileOptions swapped = bare;
+    swapped.special = SpecialTokens{0, 1, 3, 2, 4};  // pad, unk, cls, sep, mask
+    write_token_file(dir / "swapped.tokens", random_corpus(40, 7, 30, 3), swapped);
+    train::DataConfig data = config.data;
+    data.train_tokens = "swapped.tokens";
+    const std::string captured = dir / "captured.log";
+    train::log::set_file(captured);
+    const DatasetPtr dataset = make_dataset(data, Split::Train);
+    train::log::set_file("");
+    const auto& swapped_tokens = dynamic_cast<const TokenDataset&>(*dataset);
+    CHECK(swapped_tokens.special().cls == 2);  // the vocab file's
+    const std::vector<uint8_t> log_bytes = read_bytes(captured);
+    const std::string log_text(log_bytes.begin(), log_bytes.end());
+    CHECK_THAT(log_text, Contains("swapped.tokens records other special token ids than those used: cls 3 -> 2 (" +
+                                  (dir / "vocab.txt") + "), sep 2 -> 3 ("));
+  }
   train::DataConfig data = config.data;
   data.vocab_file.clear();
   data.cls_id = 2;

@@ -24,6 +24,7 @@
 #include <functional>
 #include <iterator>
 #include <limits>
+#include <map>
 #include <sstream>
 #include <thread>
 #include <sys/resource.h>
@@ -307,6 +308,22 @@ TEST_CASE("checkpoint: the newest is found and kept by step past step 99,999,999
   const auto moved = set_aside_checkpoints_after(dir, 100000000);
   REQUIRE(moved.size() == 1);
   CHECK(files::filename(moved[0]) == "step_100000001.pt");
+  // Another future with a checkpoint at the same step, set aside in turn: neither is overwritten,
+  // and each checksum stays beside its checkpoint.
+  for (int n = 1; n <= 2; ++n) {
+    TrainState st;
+    st.step = 100000001 + n;  // told apart by the step they hold
+    save_checkpoint(checkpoint_path(dir, 100000001), *run.model, nullptr, st);
+    const auto again = set_aside_checkpoints_after(dir, 100000000);
+    REQUIRE(again.size() == 1);
+    CHECK(files::filename(again[0]) == "step_100000001." + std::to_string(n) + ".pt");
+    CHECK(files::exists(again[0] + ".crc32c"));
+  }
+  const std::string aside = files::join(dir, "abandoned");
+  CHECK(load_checkpoint(files::join(aside, "step_100000001.pt"), *run.model, nullptr).step == 100000001);
+  CHECK(load_checkpoint(files::join(aside, "step_100000001.1.pt"), *run.model, nullptr).step == 100000002);
+  CHECK(load_checkpoint(files::join(aside, "step_100000001.2.pt"), *run.model, nullptr).step == 100000003);
+  CHECK_FALSE(files::exists(checkpoint_path(dir, 100000001)));
   files::remove_all(dir);
 }
 
@@ -520,13 +537,65 @@ TEST_CASE("fit: an evaluation put off by a graceful stop is done first when the 
     return steps;
   };
   CHECK(val_steps().empty());
-  {
+  const std::string checkpoints = files::join(dir, "checkpoints");
+  const std::string at_1 = checkpoint_path(checkpoints, 1);
+  REQUIRE(files::exists(at_1));
+  files::copy_file(at_1, files::join(dir, "step_1_copy.pt"));
+  auto resume_to_end = [&] {
     RunParts run = prepare_run(c);
     Trainer t(c, run.plan, run.model, run.train, run.val, dir);
     CHECK(t.fit("auto").steps == 3);
-  }
+  };
+  resume_to_end();
+  CHECK(val_steps() == std::vector<int64_t>{1, 2, 3});
+  // As if that attempt had been killed after its evaluation at step 1 and before its next
+  // checkpoint: the step-1 checkpoint is the newest again, with the evaluation still pending. Its
+  // evaluation replaces the one the killed attempt logged, rather than being logged twice.
+  files::remove_all(checkpoints);
+  files::make_directories(checkpoints);
+  files::copy_file(files::join(dir, "step_1_copy.pt"), at_1);
+  resume_to_end();
   CHECK(val_steps() == std::vector<int64_t>{1, 2, 3});
   files::remove_all(dir);
+}
+
+TEST_CASE("fit: the first row after a resume averages the loss over the steps since the last row, those before "
+          "the checkpoint too", "[trainer][resume]") {
+  register_tiny_mlp();
+  const std::string dir_a = temp_dir("window_a"), dir_b = temp_dir("window_b");
+  Config c = synthetic_config();
+  c.trainer.max_steps = 6;
+  c.checkpoint.every_steps = 3;  // step 3 is in the middle of the row for steps 3 and 4
+  c.logging.every_steps = 2;
+  c.logging.tensorboard = false;
+  RunParts full = prepare_run(c);
+  Trainer a(c, full.plan, full.model, full.train, nullptr, dir_a);
+  a.fit();
+  files::make_directories(files::join(dir_b, "checkpoints"));
+  files::copy_file(checkpoint_path(files::join(dir_a, "checkpoints"), 3),
+                   checkpoint_path(files::join(dir_b, "checkpoints"), 3));
+  RunParts again = prepare_run(c);
+  Trainer b(c, full.plan, again.model, again.train, nullptr, dir_b);
+  CHECK(b.fit(checkpoint_path(files::join(dir_b, "checkpoints"), 3)).steps == 6);
+
+  // step -> the "loss" of its training row, as written
+  auto train_losses = [](const std::string& dir) {
+    std::map<int64_t, std::string> losses;
+    std::ifstream in(files::join(dir, "metrics.jsonl"));
+    for (std::string line; std::getline(in, line);) {
+      if (line.find("\"split\":\"train\"") == std::string::npos) continue;
+      const size_t at = line.find("\"loss\":") + 7;
+      losses[std::stoll(line.substr(8))] = line.substr(at, line.find_first_of(",}", at) - at);
+    }
+    return losses;
+  };
+  const auto losses_a = train_losses(dir_a), losses_b = train_losses(dir_b);
+  REQUIRE(losses_a.size() == 3);
+  REQUIRE(losses_b.size() == 2);
+  CHECK(losses_b.at(4) == losses_a.at(4));  // the loss of step 3 came with the checkpoint
+  CHECK(losses_b.at(6) == losses_a.at(6));
+  files::remove_all(dir_a);
+  files::remove_all(dir_b);
 }
 
 namespace {
@@ -607,14 +676,40 @@ TEST_CASE("fit: resuming with settings that change the trajectory names each of 
         with({"trainer.global_batch=32", "trainer.seed=7", "data.shuffle=false", "optim.momentum=0.5"}), dir,
         checkpoint);
     INFO(log);
-    CHECK_THAT(log, Catch::Contains(checkpoint + " was written with other settings (trainer.global_batch 16 -> 32, "
-                                                 "trainer.seed 0 -> 7, data.shuffle true -> false, optim.momentum 0 "
-                                                 "-> 0.5): the resumed run continues with the new ones"));
+    CHECK_THAT(log, Catch::Contains(checkpoint + " was written with other settings (data.shuffle true -> false, "
+                                                 "optim.momentum 0.0 -> 0.5, trainer.global_batch 16 -> 32, "
+                                                 "trainer.seed 0 -> 7): the resumed run continues with the new ones"));
     CHECK_THAT(log, !Catch::Contains("optim.lr"));
+    CHECK_THAT(log, !Catch::Contains("plan's"));  // the global batch is named once, by its key
+    CHECK_THAT(log, !Catch::Contains("bit for bit"));  // its new micro-batch follows from it
   }
   SECTION("a longer run (the schedule's shape) and a learning rate that differs only in the 8th digit") {
     const std::string log = resume_log(with({"trainer.max_steps=6", "optim.lr=0.03333334"}), dir, checkpoint);
-    CHECK_THAT(log, Catch::Contains("(trainer.max_steps 4 -> 6, optim.lr 0.03333333333333333 -> 0.03333334)"));
+    CHECK_THAT(log, Catch::Contains("(optim.lr 0.03333333333333333 -> 0.03333334, trainer.max_steps 4 -> 6)"));
+  }
+  SECTION("the loss, clipping, augmentation and a schedule's milestones, which no fixed list named before") {
+    const std::string log = resume_log(
+        with({"loss.label_smoothing=0.1", "optim.clip_grad_norm=1", "data.random_flip=true"}), dir, checkpoint);
+    CHECK_THAT(log, Catch::Contains("other settings (data.random_flip false -> true, optim.clip_grad_norm 0.0 -> 1.0, "
+                                    "loss.label_smoothing 0.0 -> 0.1)"));
+  }
+  SECTION("the LR the plan scales: tuning.base_batch changes no trajectory key but the LR") {
+    const std::string log = resume_log(with({"tuning.base_batch=32"}), dir, checkpoint);
+    CHECK_THAT(log, Catch::Contains("other settings (the plan's peak lr 0.03333333333333333 -> 0.016666666666666666)"));
+  }
+  SECTION("the micro-batch and the threads: the same training, computed otherwise") {
+    const std::string log = resume_log(with({"tuning.micro_batch=8", "trainer.threads=2"}), dir, checkpoint);
+    CHECK_THAT(log, Catch::Contains("was written by a run that computed differently (trainer.threads 1 -> 2, "
+                                    "micro-batch 16 -> 8): the same training, but not bit for bit"));
+    CHECK_THAT(log, !Catch::Contains("other settings"));
+  }
+  SECTION("where the data is, the workers, evaluation and logging: no warning") {
+    const std::string log = resume_log(
+        with({"data.workers=3", "trainer.eval_every_steps=1", "logging.jsonl=false", "checkpoint.keep_last=9",
+              "trainer.stop_grace_s=5", "tuning.probe=false"}),
+        dir, checkpoint);
+    CHECK_THAT(log, !Catch::Contains("other settings"));
+    CHECK_THAT(log, !Catch::Contains("bit for bit"));
   }
   files::remove_all(dir);
 }

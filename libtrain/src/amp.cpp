@@ -82,9 +82,11 @@ void update_scale(torch::Tensor& scale, torch::Tensor& growth_tracker, const tor
 
 namespace {
 
+// `grads` share one dtype (GradScaler::unscale groups them so).
 void non_finite_check_and_unscale(const std::vector<torch::Tensor>& grads, torch::Tensor& found_inf,
                                   const torch::Tensor& inv_scale) {
-  if (compat::has_amp_scaler_kernels(found_inf.device().type())) {
+  if (grads.empty()) return;
+  if (compat::has_amp_unscale_kernel(found_inf.device().type(), grads.front().scalar_type())) {
     at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale);
   } else {
     detail::non_finite_check_and_unscale(grads, found_inf, inv_scale);

@@ -396,6 +396,7 @@ TrainState load_checkpoint(const std::string& path, torch::nn::Module& model, to
         try {
           const Config config = parse_config(saved.toStringRef(), path);
           written_by = " (it was written with optim.name " + config.optim.name + ", optim.impl " + config.optim.impl +
+                       ", optim.decay_norm_and_bias " + (config.optim.decay_norm_and_bias ? "true" : "false") +
                        "; resume with that optimizer, or start from its weights alone with model.init_from: " +
                        path + ")";
         } catch (const std::exception&) {
@@ -566,13 +567,20 @@ std::vector<std::string> set_aside_checkpoints_after(const std::string& dir, int
     const std::string name = files::filename(path);
     if (checkpoint_step(name) <= step) continue;
     files::make_directories(aside);
-    for (const std::string& from : {path, sum_path(path)}) {
-      const std::string to = files::join(aside, files::filename(from));
+    // An earlier resume may have set aside a checkpoint of the same step (another future): never
+    // overwritten, this one takes the first numbered name free for it and its checksum.
+    int n = 0;
+    while (files::exists(files::join(aside, detail::kept_checkpoint_name(name, n))) ||
+           files::exists(sum_path(files::join(aside, detail::kept_checkpoint_name(name, n))))) {
+      ++n;
+    }
+    const std::string kept = files::join(aside, detail::kept_checkpoint_name(name, n));
+    for (const auto& [from, to] : {std::pair{path, kept}, std::pair{sum_path(path), sum_path(kept)}}) {
       if (files::exists(from) && std::rename(from.c_str(), to.c_str()) != 0) {
         throw Error("cannot move " + from + " to " + to + ": " + std::strerror(errno));
       }
     }
-    moved.push_back(files::join(aside, name));
+    moved.push_back(kept);
   }
   return moved;
 }

@@ -19,4 +19,14 @@ inline int64_t checkpoint_step(const std::string& name) {
   return std::stoll(digits);
 }
 
+// The name under which a checkpoint file, or its checksum sidecar, is set aside into abandoned/
+// the n-th time its name is taken there: n = 0 keeps `name`, n > 0 puts ".<n>" after the stem
+// ("step_00000040.pt" -> "step_00000040.1.pt", "step_00000040.pt.crc32c" ->
+// "step_00000040.1.pt.crc32c"), so that a sidecar keeps pairing with its checkpoint.
+inline std::string kept_checkpoint_name(const std::string& name, int n) {
+  const size_t dot = name.find('.');
+  if (n == 0 || dot == std::string::npos) return name;
+  return name.substr(0, dot) + "." + std::to_string(n) + name.substr(dot);
+}
+
 }  // namespace train::detail

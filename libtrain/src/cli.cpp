@@ -132,7 +132,16 @@ int cmd_plan(CommonArgs args, bool json, const std::string& device, int64_t worl
     throw UsageError(log::str("--local-world-size ", local_world_size, ": the ranks per host must divide --world-size ",
                               world_size, " (", world_size, " ranks on hosts of ", local_world_size, " each)"));
   }
-  if (!device.empty()) args.sets.push_back("tuning.device=" + device);
+  if (!device.empty()) {
+    // Named here as the user wrote it (not as the tuning.device override it becomes).
+    try {
+      named_device(device);
+    } catch (const ConfigError& e) {
+      const std::string what = e.what(), key = "key 'tuning.device': ";
+      throw UsageError("--device " + device + ": " + (what.rfind(key, 0) == 0 ? what.substr(key.size()) : what));
+    }
+    args.sets.push_back("tuning.device=" + device);
+  }
   const Config config = load_config(args.config, args.sets);
   log::set_level(config.logging.level);  // before anything logs (the probe, the plan cache)
   return with_config_location(config, [&] {

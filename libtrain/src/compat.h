@@ -132,6 +132,13 @@ inline bool has_amp_scaler_kernels(c10::DeviceType device) {
   return device == c10::DeviceType::CUDA || (device == c10::DeviceType::CPU && TRAIN_TORCH_AT_LEAST(2, 3));
 }
 
+// The unscale kernel's dtypes: the CUDA one takes fp32, fp64 and fp16 but not bf16 (2.11 raises
+// "not implemented for 'BFloat16'", seen on an H200); the CPU one takes all four.
+inline bool has_amp_unscale_kernel(c10::DeviceType device, c10::ScalarType dtype) {
+  if (!has_amp_scaler_kernels(device)) return false;
+  return device != c10::DeviceType::CUDA || dtype != c10::ScalarType::BFloat16;
+}
+
 // _fused_adamw_: CUDA since 2.0 (pytorch#88015), CPU since 2.4 (pytorch#123074).
 inline bool has_fused_adamw(c10::DeviceType device) {
   return (device == c10::DeviceType::CUDA && TRAIN_TORCH_AT_LEAST(2, 0)) ||

@@ -245,7 +245,8 @@ std::vector<Key> build_schema() {
            "(RunOptions::train_data), not available to the train command")
           .one_of({"idx", "synthetic", "image_folder", "tokens", "tsv", "custom"}),
       data("root", &D::root,
-           "directory with the dataset files (required when kind is idx or image_folder)"),
+           "directory with the dataset files (required when kind is idx, image_folder or tsv; for tokens, "
+           "relative token and vocab paths are taken in it)"),
       data("train_images", &D::train_images, "idx: training images file in root; .gz is tried too"),
       data("train_labels", &D::train_labels, "idx: training labels file in root; .gz is tried too"),
       data("val_images", &D::val_images, "idx: validation images file in root; .gz is tried too"),
@@ -716,6 +717,14 @@ std::string unknown_path_problem(const std::string& path) {
     paths.push_back(key.path);
     names.push_back(key.name);
   }
+  // A key's own name without its section ("epochs" for trainer.epochs): that key, before any
+  // path that merely looks alike.
+  std::vector<std::string> same_name;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (names[i] == detail::ascii_lower(last_name)) same_name.push_back(paths[i]);
+  }
+  if (same_name.size() == 1) return "unknown key" + did_you_mean(same_name.front());
+  if (same_name.size() > 1) return "unknown key; keys are written section.name: " + join(same_name, ", ");
   if (const auto i = closest_index(path, paths)) return "unknown key" + did_you_mean(paths[*i]);
   if (const auto i = closest_index(last_name, names)) return "unknown key" + did_you_mean(paths[*i]);
   return "unknown key (keys are written section.name, e.g. optim.lr)";
@@ -1337,6 +1346,15 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   text << in.rdbuf();
   if (in.bad()) throw ConfigError(path + ": cannot read config file");
   return parse_config(text.str(), path, overrides);
+}
+
+std::vector<ConfigChange> config_changes(const Config& before, const Config& after) {
+  std::vector<ConfigChange> changes;
+  for (const Key& key : schema()) {
+    const Value a = key.get(before), b = key.get(after);
+    if (!(a == b)) changes.push_back({key.path, format_value(a), format_value(b)});
+  }
+  return changes;
 }
 
 std::string to_yaml(const Config& config) {

@@ -124,15 +124,15 @@ void JsonlWriter::write(const MetricRecord& record) {
   if (!out_) throw Error("failed writing metrics file " + path_ + " (" + write_failure(errno) + ")");
 }
 
-void JsonlWriter::truncate_after(int64_t step) {
+void JsonlWriter::truncate_after(int64_t step, bool drop_val_at_step) {
   if (!out_.is_open()) return;
   out_.close();
-  truncate_file_after(path_, step);
+  truncate_file_after(path_, step, drop_val_at_step);
   out_.open(path_, std::ios::app);
   if (!out_) throw Error("cannot open metrics file " + path_ + " for writing (" + std::strerror(errno) + ")");
 }
 
-void JsonlWriter::truncate_file_after(const std::string& path, int64_t step) {
+void JsonlWriter::truncate_file_after(const std::string& path, int64_t step, bool drop_val_at_step) {
   if (!files::is_regular_file(path)) return;
   std::string kept;
   {
@@ -143,7 +143,12 @@ void JsonlWriter::truncate_file_after(const std::string& path, int64_t step) {
       // Records begin with their step ("step" is the first key the trainer writes).
       static const std::string kKey = "\"step\":";
       const size_t at = line.find(kKey);
-      if (at != std::string::npos && std::strtoll(line.c_str() + at + kKey.size(), nullptr, 10) > step) continue;
+      const int64_t row_step = at == std::string::npos ? 0 : std::strtoll(line.c_str() + at + kKey.size(), nullptr, 10);
+      if (at != std::string::npos && row_step > step) continue;
+      if (drop_val_at_step && at != std::string::npos && row_step == step &&
+          line.find("\"split\":\"val\"") != std::string::npos) {
+        continue;
+      }
       kept += line;
       kept += '\n';
     }
@@ -243,6 +248,45 @@ bool get_varint(std::string_view bytes, size_t& at, uint64_t& v) {
   return false;
 }
 
+// The length-delimited field `field` of a protocol buffer message: its first occurrence, or none
+// (also when the bytes are not a message).
+std::optional<std::string_view> length_delimited_field(std::string_view message, uint32_t field) {
+  size_t at = 0;
+  while (at < message.size()) {
+    uint64_t key = 0, v = 0;
+    if (!get_varint(message, at, key)) return std::nullopt;
+    switch (key & 7) {
+      case kVarint:
+        if (!get_varint(message, at, v)) return std::nullopt;
+        break;
+      case kFixed64:
+      case kFixed32: {
+        const size_t n = (key & 7) == kFixed64 ? 8 : 4;
+        if (message.size() - at < n) return std::nullopt;
+        at += n;
+        break;
+      }
+      case kLengthDelimited:
+        if (!get_varint(message, at, v) || v > message.size() - at) return std::nullopt;
+        if ((key >> 3) == field) return message.substr(at, static_cast<size_t>(v));
+        at += static_cast<size_t>(v);
+        break;
+      default:
+        return std::nullopt;
+    }
+  }
+  return std::nullopt;
+}
+
+// Whether an Event holds a Summary whose first value's tag starts with `prefix` ("val/": a
+// validation record, whose scalars travel in one event).
+bool event_tag_starts_with(std::string_view event, std::string_view prefix) {
+  const auto summary = length_delimited_field(event, event_field::kSummary);
+  const auto value = summary ? length_delimited_field(*summary, summary_field::kValue) : std::nullopt;
+  const auto tag = value ? length_delimited_field(*value, value_field::kTag) : std::nullopt;
+  return tag && tag->substr(0, prefix.size()) == prefix;
+}
+
 // An Event's step (field 2; 0 when absent, as in the file_version record), or none when the bytes
 // are not a protocol buffer message.
 std::optional<int64_t> event_step(std::string_view event) {
@@ -283,7 +327,8 @@ struct KeptEvents {
   std::string problem;  // why the file cannot be read as TFRecord-framed Events; "" when it can
 };
 
-KeptEvents events_up_to(std::string_view bytes, int64_t step) {
+// drop_val_at_step: the validation records at `step` go too.
+KeptEvents events_up_to(std::string_view bytes, int64_t step, bool drop_val_at_step) {
   KeptEvents kept;
   size_t at = 0;
   while (at < bytes.size()) {
@@ -312,7 +357,8 @@ KeptEvents events_up_to(std::string_view bytes, int64_t step) {
       return kept;
     }
     const size_t end = at + 12 + n + 4;
-    if (*event_at <= step) {
+    const bool dropped_val = drop_val_at_step && *event_at == step && event_tag_starts_with(event, "val/");
+    if (*event_at <= step && !dropped_val) {
       kept.bytes.append(bytes.substr(at, end - at));
     } else {
       kept.changed = true;
@@ -393,10 +439,10 @@ void TensorBoardWriter::add_scalars(int64_t step, const std::vector<std::pair<st
   write_event(event);
 }
 
-void TensorBoardWriter::truncate_after(int64_t step) {
+void TensorBoardWriter::truncate_after(int64_t step, bool drop_val_at_step) {
   if (!out_.is_open()) return;
   out_.close();  // this file is rewritten too: a rollback restarts after a step it has logged
-  truncate_files_after(dir_, step);
+  truncate_files_after(dir_, step, drop_val_at_step);
   out_.open(path_, std::ios::binary | std::ios::app);
   if (!out_) throw Error("cannot open TensorBoard event file " + path_ + " for writing (" + std::strerror(errno) + ")");
   std::string session_log;
@@ -410,7 +456,7 @@ void TensorBoardWriter::truncate_after(int64_t step) {
   write_event(event);
 }
 
-void TensorBoardWriter::truncate_files_after(const std::string& dir, int64_t step) {
+void TensorBoardWriter::truncate_files_after(const std::string& dir, int64_t step, bool drop_val_at_step) {
   if (!files::is_directory(dir)) return;
   for (const std::string& name : files::list_directory(dir)) {
     const std::string path = files::join(dir, name);
@@ -419,7 +465,7 @@ void TensorBoardWriter::truncate_files_after(const std::string& dir, int64_t ste
     std::ostringstream bytes;
     if (in) bytes << in.rdbuf();
     if (!in || in.bad()) throw Error("cannot read TensorBoard event file " + path + " (" + std::strerror(errno) + ")");
-    const KeptEvents kept = events_up_to(bytes.str(), step);
+    const KeptEvents kept = events_up_to(bytes.str(), step, drop_val_at_step);
     if (!kept.problem.empty()) {
       log::warn(log::str("TensorBoard event file ", path, ": ", kept.problem, "; left as it is, so TensorBoard may "
                          "show the steps after ", step, " that an earlier attempt logged there"));
@@ -452,18 +498,18 @@ MetricsSink::MetricsSink(const std::string& run_dir, const LoggingConfig& loggin
   if (logging.tensorboard) tensorboard_ = TensorBoardWriter(run_dir);
 }
 
-void MetricsSink::start_after(int64_t step) {
+void MetricsSink::start_after(int64_t step, bool evaluation_pending) {
   // A writer this run has off still trims what earlier attempts with it on logged after `step`:
   // those files would otherwise show the abandoned steps next to this attempt's.
   if (jsonl_.is_open()) {
-    jsonl_.truncate_after(step);
+    jsonl_.truncate_after(step, evaluation_pending);
   } else if (!run_dir_.empty()) {
-    JsonlWriter::truncate_file_after(files::join(run_dir_, "metrics.jsonl"), step);
+    JsonlWriter::truncate_file_after(files::join(run_dir_, "metrics.jsonl"), step, evaluation_pending);
   }
   if (tensorboard_.is_open()) {
-    tensorboard_.truncate_after(step);
+    tensorboard_.truncate_after(step, evaluation_pending);
   } else if (!run_dir_.empty()) {
-    TensorBoardWriter::truncate_files_after(run_dir_, step);
+    TensorBoardWriter::truncate_files_after(run_dir_, step, evaluation_pending);
   }
 }
 

@@ -418,6 +418,12 @@ void finalize_schedule(Plan& plan, const Config& config, int64_t train_samples) 
                         std::round(config.schedule.warmup_epochs * static_cast<double>(plan.steps_per_epoch));
   plan.warmup_steps = warmup >= static_cast<double>(plan.total_steps) ? plan.total_steps : static_cast<int64_t>(warmup);
   std::string warmup_reason = kWarmupReason;
+  if (warmup > static_cast<double>(plan.total_steps)) {
+    // Said, not silent: a config tuned for a long run, shortened by trainer.max_steps, never
+    // leaves its warmup.
+    warmup_reason += log::str(" = ", log::fixed(warmup, 0), ", capped by the run's ", plan.total_steps,
+                              " steps: the LR rises for the whole run");
+  }
   if (plan.lr_scale > 1.0 && plan.warmup_steps == 0) {
     // A scaled-up LR needs a gradual warmup (Goyal et al. 2017 use 5 epochs).
     plan.warmup_steps = std::min<int64_t>(5 * plan.steps_per_epoch, plan.total_steps / 10);

@@ -93,6 +93,9 @@ RunDirSnapshot::RunDirSnapshot(std::string run_dir) : run_dir_(std::move(run_dir
     created_root_ = outermost;
     return;
   }
+  for (const std::string& name : files::list_directory(files::join(run_dir_, "checkpoints/abandoned"))) {
+    abandoned_before_.insert(name);
+  }
   for (const auto& [rel, info] : walk(run_dir_)) {
     Entry entry;
     entry.directory = S_ISDIR(info.st_mode);
@@ -120,12 +123,20 @@ std::string RunDirSnapshot::restore() const noexcept {
     }
     int removed = 0, restored = 0;
     // Checkpoints that a resume set aside (set_aside_checkpoints_after) go back first, before a
-    // new checkpoints/abandoned/ is removed with them in it.
+    // new checkpoints/abandoned/ is removed with them in it. Each went under its own name, or a
+    // numbered one when an earlier resume had set aside one of that name: the one to bring back
+    // is the one that was not there before.
+    const std::string abandoned = files::join(run_dir_, "checkpoints/abandoned");
     for (const auto& [rel, before] : entries_) {
       const std::string path = files::join(run_dir_, rel);
       if (before.directory || rel.rfind("checkpoints/", 0) != 0 || files::exists(path)) continue;
-      const std::string aside = files::join(run_dir_, "checkpoints/abandoned/" + files::filename(rel));
-      if (files::exists(aside) && std::rename(aside.c_str(), path.c_str()) == 0) ++restored;
+      for (int n = 0; n <= static_cast<int>(abandoned_before_.size()); ++n) {
+        const std::string name = kept_checkpoint_name(files::filename(rel), n);
+        const std::string aside = files::join(abandoned, name);
+        if (abandoned_before_.count(name) != 0 || !files::exists(aside)) continue;
+        if (std::rename(aside.c_str(), path.c_str()) == 0) ++restored;
+        break;
+      }
     }
     std::vector<std::string> gone;  // removed directories: skip what was under them
     for (const auto& [rel, info] : walk(run_dir_)) {

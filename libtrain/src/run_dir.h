@@ -4,6 +4,7 @@
 // found it: nothing half-written. Internal header.
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 
 namespace train::detail {
@@ -35,6 +36,9 @@ class RunDirSnapshot {
   std::string run_dir_;
   std::string created_root_;  // non-empty when the run directory did not exist
   std::map<std::string, Entry> entries_;  // path relative to run_dir_ -> entry
+  // The names in checkpoints/abandoned/ (which entries_ does not descend into): the checkpoints a
+  // resume set aside are the ones not among them.
+  std::set<std::string> abandoned_before_;
 };
 
 // An exclusive lock on a run directory, held by a run's rank 0 from before it writes there until it

@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <atomic>
 #include <charconv>
 #include <chrono>
@@ -85,6 +86,23 @@ void token_loss_rescale(torch::nn::Module& model, double factor) {
     if (p.grad().defined()) p.mutable_grad().mul_(factor);
   }
 }
+
+// Keys a resumed run may change without a warning: where the files are, what validation does,
+// how failures and stops are handled, how long collectives wait. (logging.*, checkpoint.* and
+// tuning.* too: tuning acts through the plan, whose numbers are compared as saved.)
+const std::set<std::string> kIgnoredKeys = {
+    "model.init_from", "model.init_strict", "data.root", "data.train_images", "data.train_labels",
+    "data.val_images", "data.val_labels", "data.train_dir", "data.val_dir", "data.train_tokens",
+    "data.val_tokens", "data.vocab_file", "data.train_tsv", "data.val_tsv", "data.resize_size",
+    "data.synthetic_val_samples", "data.workers", "data.prefetch", "data.on_error", "trainer.eval_every_steps",
+    "trainer.eval_batch", "trainer.stop_grace_s", "trainer.on_nonfinite", "trainer.max_rollbacks",
+    "distributed.timeout_s", "distributed.init_timeout_s", "distributed.checkpoint_timeout_s",
+    "distributed.bucket_mb", "distributed.first_bucket_mb", "distributed.find_unused_parameters"};
+// Keys that change how the same training is computed (kernels, rounding, summation order), not
+// what it is: a change costs bit-for-bit equality with the uninterrupted run.
+const std::set<std::string> kExecutionKeys = {
+    "trainer.device", "trainer.threads", "optim.impl", "precision.mode", "precision.loss_scaling",
+    "precision.channels_last", "model.attention", "data.uint8", "distributed.backend"};
 
 // Moves batches to the GPU one batch ahead, on a side stream: the copy of batch k+1 from pinned
 // host memory runs while the compute stream works on batch k. The compute stream waits on an
@@ -199,6 +217,10 @@ struct Trainer::Impl {
   bool eval_pending = false;
   int64_t step = 0;
   int64_t samples_seen = 0;
+  // The training loss of the steps after the last logged row, summed over every rank, as the
+  // checkpoint restored holds it (loss, weight): the row the resumed run logs next covers them
+  // too. Rank 0 carries it; the others start from 0, so the ranks' sums still add up.
+  std::pair<double, double> loss_window_before{0.0, 0.0};
 
   std::string checkpoint_dir() const { return run_dir.empty() ? "" : files::join(run_dir, "checkpoints"); }
   int64_t batches_per_epoch() const { return plan.steps_per_epoch * plan.accum_steps; }
@@ -347,6 +369,12 @@ struct Trainer::Impl {
       if (auto it = st.tensors.find("trainer/skipped_samples"); it != st.tensors.end()) {
         skipped_before = it->second.to(torch::kLong).contiguous().view({-1, 3});
       }
+      loss_window_before = {0.0, 0.0};
+      if (auto it = st.tensors.find("trainer/loss_window"); it != st.tensors.end() && plan.rank == 0) {
+        const torch::Tensor sums = it->second.to(torch::kDouble).contiguous().view({-1});
+        if (sums.numel() != 2) throw std::invalid_argument("trainer/loss_window holds " + std::to_string(sums.numel()) + " values");
+        loss_window_before = {sums[0].item<double>(), sums[1].item<double>()};
+      }
     } catch (const std::exception& e) {
       const std::string what = e.what();
       throw CheckpointError(path + ": damaged trainer state: " + what.substr(0, what.find('\n')));
@@ -388,56 +416,86 @@ struct Trainer::Impl {
   }
 
   // Settings that change the trajectory: a resumed run with other values continues, but is no
-  // longer the uninterrupted run; say so.
+  // longer the uninterrupted run; say so. Every config key is compared except those that decide
+  // only where files are, how fast, or what is logged; the plan's batch, LR, micro-batch, threads
+  // and precision (which follow from the machine as well as the config) are compared as saved.
   void warn_about_config_changes(const TrainState& st, const std::string& path) const {
-    if (st.config_yaml.empty()) return;
-    Config saved;
-    try {
-      saved = parse_config(st.config_yaml, path);
-    } catch (const std::exception&) {
-      return;  // written by another version of train: nothing to compare
-    }
-    std::vector<std::string> changed;
-    // Floats in their shortest exact form: 0.1/3 -> 0.03333334 must not read as "0.0333333 -> 0.0333333".
-    auto text = [](const auto& v) {
-      using T = std::decay_t<decltype(v)>;
-      if constexpr (std::is_floating_point_v<T>) {
-        char buffer[32];
-        return std::string(buffer, std::to_chars(buffer, buffer + sizeof buffer, v).ptr);
-      } else {
-        return log::str(std::boolalpha, v);
+    std::vector<std::string> trajectory, execution;
+    if (!st.config_yaml.empty()) {
+      try {
+        const Config saved = parse_config(st.config_yaml, path);
+        for (const ConfigChange& c : config_changes(saved, config)) {
+          const std::string text = c.key + " " + c.before + " -> " + c.after;
+          if (kExecutionKeys.count(c.key) != 0) {
+            execution.push_back(text);
+          } else if (kIgnoredKeys.count(c.key) == 0 && c.key.rfind("logging.", 0) != 0 &&
+                     c.key.rfind("checkpoint.", 0) != 0 && c.key.rfind("tuning.", 0) != 0) {
+            trajectory.push_back(text);
+          }
+        }
+      } catch (const std::exception&) {
+        // written by another version of train: no config to compare
       }
-    };
-    auto compare = [&](const std::string& key, const auto& before, const auto& now) {
-      if (before != now) changed.push_back(key + " " + text(before) + " -> " + text(now));
-    };
-    compare("trainer.global_batch", saved.trainer.global_batch, config.trainer.global_batch);
-    // The run's length sets the schedule's shape (a cosine decays over it).
-    compare("trainer.max_steps", saved.trainer.max_steps, config.trainer.max_steps);
-    compare("trainer.epochs", saved.trainer.epochs, config.trainer.epochs);
-    compare("trainer.seed", saved.trainer.seed, config.trainer.seed);
-    compare("data.shuffle", saved.data.shuffle, config.data.shuffle);
-    compare("optim.name", saved.optim.name, config.optim.name);
-    compare("optim.lr", saved.optim.lr, config.optim.lr);
-    compare("optim.weight_decay", saved.optim.weight_decay, config.optim.weight_decay);
-    if (config.optim.name == "sgd") {
-      compare("optim.momentum", saved.optim.momentum, config.optim.momentum);
-      compare("optim.nesterov", saved.optim.nesterov, config.optim.nesterov);
-    } else {
-      compare("optim.beta1", saved.optim.beta1, config.optim.beta1);
-      compare("optim.beta2", saved.optim.beta2, config.optim.beta2);
-      compare("optim.eps", saved.optim.eps, config.optim.eps);
     }
-    compare("schedule.name", saved.schedule.name, config.schedule.name);
-    compare("schedule.warmup_steps", saved.schedule.warmup_steps, config.schedule.warmup_steps);
-    compare("schedule.warmup_epochs", saved.schedule.warmup_epochs, config.schedule.warmup_epochs);
-    compare("schedule.min_lr_ratio", saved.schedule.min_lr_ratio, config.schedule.min_lr_ratio);
-    if (changed.empty()) return;
-    std::string list;
-    for (const auto& c : changed) list += (list.empty() ? "" : ", ") + c;
-    log::warn(path + " was written with other settings (" + list +
-              "): the resumed run continues with the new ones and will differ from an uninterrupted run");
+    auto saved_int = [&](const char* name) -> std::optional<int64_t> {
+      const auto it = st.tensors.find(name);
+      if (it == st.tensors.end() || it->second.numel() != 1) return std::nullopt;
+      return it->second.item<int64_t>();
+    };
+    // tuning.* decides these with the machine: a scaled batch, or its LR, can change on another
+    // GPU with no key changed.
+    // (Said only when no key that the list names already explains it.)
+    auto listed = [&](const std::string& key) {
+      auto named = [&](const std::string& t) { return t.rfind(key + " ", 0) == 0; };
+      return std::any_of(trajectory.begin(), trajectory.end(), named) ||
+             std::any_of(execution.begin(), execution.end(), named);
+    };
+    const auto batch = saved_int("trainer/global_batch");
+    if (batch && *batch != plan.global_batch && !listed("trainer.global_batch")) {
+      trajectory.push_back(log::str("the plan's global batch ", *batch, " -> ", plan.global_batch));
+    }
+    if (const auto it = st.tensors.find("trainer/lr"); it != st.tensors.end() && it->second.numel() == 1) {
+      const double lr = it->second.item<double>();
+      if (lr != plan.lr && !listed("optim.lr") && !listed("trainer.global_batch")) {
+        // Shortest exact form: 0.1/3 and 0.1/6 must not read as rounded look-alikes.
+        auto exact = [](double v) {
+          char buffer[32];
+          return std::string(buffer, std::to_chars(buffer, buffer + sizeof buffer, v).ptr);
+        };
+        trajectory.push_back("the plan's peak lr " + exact(lr) + " -> " + exact(plan.lr));
+      }
+    }
+    // (Another global batch is split anew: its micro-batch says nothing more.)
+    const bool same_batch = batch ? *batch == plan.global_batch : !listed("trainer.global_batch");
+    if (const auto micro = saved_int("trainer/micro_batch"); micro && *micro != plan.micro_batch && same_batch) {
+      execution.push_back(log::str("micro-batch ", *micro, " -> ", plan.micro_batch));
+    }
+    if (const auto threads = saved_int("trainer/threads"); threads && *threads != plan.threads && !listed("trainer.threads")) {
+      execution.push_back(log::str("CPU threads ", *threads, " -> ", plan.threads));
+    }
+    if (const auto precision = saved_int("trainer/precision");
+        precision && *precision != precision_code(plan.precision) && !listed("precision.mode")) {
+      execution.push_back(log::str("precision ", precision_name(*precision), " -> ", plan.precision));
+    }
+    auto join = [](const std::vector<std::string>& items) {
+      std::string list;
+      for (const auto& item : items) list += (list.empty() ? "" : ", ") + item;
+      return list;
+    };
+    if (!trajectory.empty()) {
+      log::warn(path + " was written with other settings (" + join(trajectory) +
+                "): the resumed run continues with the new ones and will differ from an uninterrupted run");
+    }
+    if (!execution.empty()) {
+      log::warn(path + " was written by a run that computed differently (" + join(execution) +
+                "): the same training, but not bit for bit the uninterrupted run's result");
+    }
   }
+
+  static int64_t precision_code(const std::string& precision) {
+    return precision == "bf16" ? 1 : precision == "fp16" ? 2 : 0;
+  }
+  static const char* precision_name(int64_t code) { return code == 1 ? "bf16" : code == 2 ? "fp16" : "fp32"; }
 
   // on_nonfinite rollback: the batches of a step that gave a non-finite loss are passed over.
   void skip_bad_steps() {
@@ -578,7 +636,8 @@ struct Trainer::Impl {
   torch::ScalarType autocast_dtype() const { return plan.precision == "fp16" ? torch::kHalf : torch::kBFloat16; }
 
   // skipped: skipped_rows(), for data.on_error skip (undefined otherwise).
-  void write_checkpoint(const std::string& path, const torch::Tensor& skipped) {
+  // loss_window: the training loss since the last logged row, over every rank (loss, weight).
+  void write_checkpoint(const std::string& path, const torch::Tensor& skipped, std::pair<double, double> loss_window) {
     TrainState state;
     state.step = step;
     state.epoch = consumed().epoch;
@@ -588,6 +647,11 @@ struct Trainer::Impl {
     state.tensors["rng/cpu"] = compat::cpu_rng_state();
     if (auto rng = device_rng_state(device); rng.defined()) state.tensors["rng/cuda"] = rng;
     state.tensors["trainer/micro_batch"] = torch::tensor(plan.micro_batch, torch::kLong);
+    // The plan as it was, for warn_about_config_changes on resume.
+    state.tensors["trainer/global_batch"] = torch::tensor(plan.global_batch, torch::kLong);
+    state.tensors["trainer/lr"] = torch::tensor(plan.lr, torch::kDouble);
+    state.tensors["trainer/threads"] = torch::tensor(plan.threads, torch::kLong);
+    state.tensors["trainer/precision"] = torch::tensor(precision_code(plan.precision), torch::kLong);
     state.tensors["trainer/world_size"] = torch::tensor(plan.world_size, torch::kLong);
     if (!bad_steps.empty()) {
       std::vector<int64_t> flat;
@@ -595,6 +659,9 @@ struct Trainer::Impl {
       state.tensors["trainer/bad_steps"] = torch::tensor(flat, torch::kLong).view({-1, 2});
     }
     if (eval_pending) state.tensors["trainer/eval_pending"] = torch::tensor(int64_t{1}, torch::kLong);
+    if (loss_window.second > 0) {
+      state.tensors["trainer/loss_window"] = torch::tensor({loss_window.first, loss_window.second}, torch::kDouble);
+    }
     if (skipped.defined() && skipped.size(0) > 0) state.tensors["trainer/skipped_samples"] = skipped;
     for (auto& [name, tensor] : scaler->state()) state.tensors[name] = tensor;
     save_checkpoint(path, *model, optimizer.get(), state);
@@ -773,7 +840,9 @@ FitResult Trainer::fit(const std::string& resume) {
   if (resume_path.empty()) s.loader->start({0, 0});
   // What an earlier attempt in this run directory logged after this step is about to be logged
   // again (or, for a fresh start, belongs to a run that never checkpointed).
-  s.metrics.start_after(s.step);
+  // An evaluation that a stop put off is done again, and replaces what an attempt that did it and
+  // was then killed logged of it.
+  s.metrics.start_after(s.step, s.eval_pending);
   reset_peak_memory(s.device.str());  // the plan's probe is not this run's peak
   s.model->train();
 
@@ -812,19 +881,28 @@ FitResult Trainer::fit(const std::string& resume) {
     window_start = Clock::now();
     window_wait_start = s.loader_wait();
   };
+  // The steps between the last row and the checkpoint resumed from count in the next row (their
+  // losses; the timings cover the steps this run takes).
+  auto window_from_checkpoint = [&] {
+    new_window();
+    window_loss = s.loss_window_before.first;
+    window_loss_weight = s.loss_window_before.second;
+    s.loss_window_before = {0.0, 0.0};
+  };
+
   // After a rollback (trainer.on_nonfinite) the steps after the checkpoint are done again: what
   // was logged of them goes, and the window starts over.
   auto restart_window = [&] {
     s.metrics.start_after(s.step);
-    new_window();
+    window_from_checkpoint();
   };
 
   if (s.eval_pending) {  // put off by the graceful stop that wrote the checkpoint resumed from
     result.val = evaluate_and_log();  // evaluate() puts the model back in training mode
     s.eval_pending = false;
-    // Evaluation time is not training time (see pause_start below): the first window starts now.
-    new_window();
   }
+  // Evaluation time is not training time (see pause_start below): the first window starts now.
+  window_from_checkpoint();
 
   bool evaluated_at_end = false;
   while (s.step < s.plan.total_steps) {
@@ -1052,10 +1130,17 @@ FitResult Trainer::fit(const std::string& resume) {
     if (checkpoint_due && s.config.data.on_error == "skip" && (s.group || !ckpt_dir.empty())) {
       skipped = s.skipped_rows();
     }
+    // The loss of the steps since the last row, over every rank (window_steps is the same on all
+    // of them), for the row a resumed run logs next.
+    std::pair<double, double> loss_window{window_loss, window_loss_weight};
+    if (checkpoint_due && window_steps > 0 && s.group) {
+      const auto sums = s.group->reduce_doubles({window_loss, window_loss_weight}, dist::ReduceOp::Sum);
+      loss_window = {sums[0], sums[1]};
+    }
     if (!ckpt_dir.empty() && checkpoint_due) {
       result.last_checkpoint = checkpoint_path(ckpt_dir, s.step);
       if (s.plan.rank == 0) {  // the replicas are identical; rank 0 writes for all
-        s.write_checkpoint(result.last_checkpoint, skipped);
+        s.write_checkpoint(result.last_checkpoint, skipped, loss_window);
         log::info("checkpoint " + result.last_checkpoint);
       }
     }

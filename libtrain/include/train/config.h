@@ -233,6 +233,15 @@ std::string locate_config_error(const Config& config, const std::string& message
 // file and is returned as it is.
 std::string locate_data_error(const Config& config, const std::string& message);
 
+// A key whose value differs between two configs, each value as to_yaml writes it.
+struct ConfigChange {
+  std::string key;  // "optim.lr"
+  std::string before;
+  std::string after;
+};
+// Every key that differs, in the reference's order.
+std::vector<ConfigChange> config_changes(const Config& before, const Config& after);
+
 // The fully resolved config (every key, defaults filled in) as YAML that parse_config accepts.
 std::string to_yaml(const Config& config);
 

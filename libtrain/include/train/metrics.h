@@ -50,10 +50,12 @@ class JsonlWriter {
   bool is_open() const { return out_.is_open(); }
   void write(const MetricRecord& record);
   // Drops the rows after `step` (and a last line a kill cut short): a run resumed from the
-  // checkpoint at `step` logs those steps again. The file is replaced atomically.
-  void truncate_after(int64_t step);
+  // checkpoint at `step` logs those steps again. With drop_val_at_step, also the validation rows
+  // ("split":"val") at `step`: an evaluation put off at it is done again. The file is replaced
+  // atomically.
+  void truncate_after(int64_t step, bool drop_val_at_step = false);
   // The same for a file no writer has open (nothing when it does not exist).
-  static void truncate_file_after(const std::string& path, int64_t step);
+  static void truncate_file_after(const std::string& path, int64_t step, bool drop_val_at_step = false);
 
  private:
   std::ofstream out_;
@@ -87,10 +89,11 @@ class TensorBoardWriter {
   // Then it writes Event {step + 1, session_log = 7 {status = 1 (START)}} into this file, what
   // PyTorch's SummaryWriter(purge_step) writes: a reader that had loaded the old events before the
   // rewrite (Python's EventAccumulator in a running TensorBoard) drops them when it reads it.
-  void truncate_after(int64_t step);
+  // drop_val_at_step: the validation records ("val/" tags) at `step` go as well.
+  void truncate_after(int64_t step, bool drop_val_at_step = false);
   // The rewrite alone, of the event files in `dir` (nothing when it does not exist), for a run
   // that has TensorBoard off after attempts that had it on. Writes no SessionLog.
-  static void truncate_files_after(const std::string& dir, int64_t step);
+  static void truncate_files_after(const std::string& dir, int64_t step, bool drop_val_at_step = false);
 
  private:
   void write_event(const std::string& event);
@@ -115,8 +118,10 @@ class MetricsSink {
   MetricsSink(const std::string& run_dir, const LoggingConfig& logging);
   void write(const MetricRecord& record);
   // Training (re)starts after `step`: what earlier attempts logged after it is dropped, from
-  // metrics.jsonl and the event files whether or not this run writes them.
-  void start_after(int64_t step);
+  // metrics.jsonl and the event files whether or not this run writes them. evaluation_pending:
+  // the evaluation due at `step` is about to be done (a stop put it off), so what an attempt that
+  // did it logged of it goes too.
+  void start_after(int64_t step, bool evaluation_pending = false);
 
  private:
   std::string run_dir_;

@@ -3,6 +3,7 @@
 #include <train/data/tokens.h>
 #include <train/errors.h>
 #include <train/files.h>
+#include <train/log.h>
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -622,6 +623,20 @@ TokenDataset::TokenDataset(TokenDatasetOptions options) : options_(std::move(opt
       throw DataError(path + ": the " + named.name + " token id " + std::to_string(id) +
                       " is outside the vocabulary [0, " + std::to_string(vocab_size_) + ")");
     }
+  }
+  // The file records the ids it was tokenized with; another id for one of them (from a key or the
+  // vocab file) is taken, but a vocab other than the file's would feed the model wrong tokens.
+  std::string contradicted;
+  for (const NamedId& named : kSpecialFields) {
+    const int64_t recorded = file_->special().*(named.field), used = special_.*(named.field);
+    if (recorded < 0 || recorded == used) continue;
+    const std::string key = key_for(named.name);
+    contradicted += std::string(contradicted.empty() ? "" : ", ") + named.name + " " + std::to_string(recorded) +
+                    " -> " + std::to_string(used) + " (" + (key.empty() ? vocab_file : key) + ")";
+  }
+  if (!contradicted.empty()) {
+    log::warn(path + " records other special token ids than those used: " + contradicted +
+              "; if the file was tokenized with another vocabulary, its ids mean other tokens");
   }
   auto require_id = [&](int64_t id, const char* token, const char* key) {
     if (id < 0) {
