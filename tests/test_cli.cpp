@@ -246,7 +246,9 @@ TEST_CASE("cli: a cached measurement made with less memory free is measured agai
   CHECK_THAT(out, Catch::Contains("micro_batch      16 "));
   // The new measurement replaced the old: a hit.
   err = stderr_of([&] { CHECK(cli(plan) == train::kExitOk); });
-  CHECK_THAT(err, Catch::Contains("plan cache hit") && !Catch::Contains("measuring again"));
+  CHECK_THAT(err, Catch::Contains("plan cache hit") && !Catch::Contains("measuring again") &&
+                      Catch::Matches("[\\s\\S]*plan ready in [0-9]+ ms: device detected, model built, memory from the "
+                                     "plan cache[\\s\\S]*"));
   // A small budget whose cap does not limit this plan (16 fits) is kept: no probe.
   rewrite(64);
   err = stderr_of([&] { CHECK(cli(plan) == train::kExitOk); });
