@@ -512,24 +512,38 @@ MemoryFit fit_memory(std::vector<ProbePoint> points) {
 }
 
 int64_t MemoryFit::batch_beyond_flat(int64_t largest_useful) const {
-  const ProbePoint *low = nullptr, *top = nullptr;
+  std::vector<const ProbePoint*> sorted;
   for (const ProbePoint& p : points) {
     if (p.oom) return 0;  // memory bounds the batch already
-    if (low == nullptr || p.batch < low->batch) low = &p;
-    if (top == nullptr || p.batch > top->batch) top = &p;
+    sorted.push_back(&p);
   }
-  if (low == nullptr || low->batch == top->batch) return 0;
-  const int64_t activations = top->activation_bytes - low->activation_bytes;
-  if (activations <= 0 || top->peak_bytes - low->peak_bytes >= activations / 2) return 0;  // on the line already
+  std::sort(sorted.begin(), sorted.end(), [](const ProbePoint* x, const ProbePoint* y) { return x->batch < y->batch; });
+  if (sorted.size() < 2 || sorted.front()->batch == sorted.back()->batch) return 0;
+  // Whether the peak grows from a to b with the activations (half their growth at least), rather
+  // than staying at the level some other buffer sets.
+  const auto on_the_line = [](const ProbePoint& a, const ProbePoint& b) {
+    const int64_t activations = b.activation_bytes - a.activation_bytes;
+    return activations <= 0 || b.peak_bytes - a.peak_bytes >= activations / 2;
+  };
+  const ProbePoint &low = *sorted.front(), &top = *sorted.back();
+  if (on_the_line(low, top)) {
+    // The fit's slope is the secant of the two largest batches: when the smaller of them is still
+    // on the flat part, that secant starts below the line and undercounts it (by 10% at twice
+    // the batch, on BERT-tiny): measure at twice the largest too.
+    if (sorted.size() < 3 || on_the_line(**(sorted.end() - 3), **(sorted.end() - 2))) return 0;
+    const int64_t batch = std::min(2 * top.batch, largest_useful);
+    return batch > top.batch ? batch : 0;
+  }
   // The activations must outgrow what the peak holds beyond them before the peak follows: measure
   // at twice the batch where they would, a power of two, within what the plan could use.
-  const double per_sample = static_cast<double>(activations) / static_cast<double>(top->batch - low->batch);
+  const int64_t activations = top.activation_bytes - low.activation_bytes;
+  const double per_sample = static_cast<double>(activations) / static_cast<double>(top.batch - low.batch);
   const double needed =
-      static_cast<double>(top->batch) + 2.0 * static_cast<double>(top->peak_bytes - top->activation_bytes) / per_sample;
-  int64_t batch = 2 * top->batch;
+      static_cast<double>(top.batch) + 2.0 * static_cast<double>(top.peak_bytes - top.activation_bytes) / per_sample;
+  int64_t batch = 2 * top.batch;
   while (static_cast<double>(batch) < needed && batch < largest_useful) batch *= 2;
   batch = std::min(batch, largest_useful);
-  return batch > top->batch ? batch : 0;
+  return batch > top.batch ? batch : 0;
 }
 
 bool MemoryFit::measured() const {

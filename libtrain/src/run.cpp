@@ -140,9 +140,13 @@ std::string list_batches(const MemoryFit& fit) {
 MemoryFit probe_with_activations_in_view(models::Model& model, const ProbeOptions& options,
                                          std::vector<int64_t> batches, int64_t largest_useful) {
   MemoryFit fit = probe_memory(model, options, batches);
-  if (const int64_t more = fit.batch_beyond_flat(largest_useful); more > 0) {
-    log::info(log::str("memory probe: the peaks at ", list_batches(fit), " are flat while the activations grow; ",
-                       "measuring at ", more, " too"));
+  // At most twice: once for the activations to set the peak, once more for a second point on
+  // that line (each doubles the batch at least, within largest_useful).
+  for (int round = 0; round < 2; ++round) {
+    const int64_t more = fit.batch_beyond_flat(largest_useful);
+    if (more <= 0) break;
+    log::info(log::str("memory probe: the peaks at ", list_batches(fit), " follow the activations at fewer than ",
+                       "two batches (flat while they grow); measuring at ", more, " too"));
     batches.push_back(more);
     fit = probe_memory(model, options, batches);  // one baseline for all points
   }

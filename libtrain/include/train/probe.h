@@ -58,7 +58,9 @@ struct MemoryFit {
   int64_t max_batch(int64_t budget_bytes) const;
   // When the peaks stay flat while the activations grow (the batches measured are too small for
   // the activations to set the peak), a batch up to largest_useful at which the peak should follow
-  // them, to measure as well; 0 when the points already show the line or it would not matter.
+  // them, to measure as well; also, when only the largest batch is on that line, twice it (the
+  // fit's slope needs two points on the line). 0 when the two largest batches already show the
+  // line or a larger batch would not matter.
   int64_t batch_beyond_flat(int64_t largest_useful) const;
 };
 
