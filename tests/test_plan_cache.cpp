@@ -102,10 +102,10 @@ TEST_CASE("plan cache: an ill-typed or unreadable entry is a miss with a warning
   // Valid JSON with the wrong types: yaml-cpp's bad conversions used to escape find() and
   // changes() and stop every `train fit` until the file was deleted.
   for (const std::string& text :
-       {std::string("{\"format\":2,\"key\":{\"device\":[\"x\"]},\"evidence\":{}}"),
-        std::string("{\"format\":2,\"key\":{\"device\":\"NVIDIA A100-SXM4-80GB\",\"model\":\"11689512 params\","
+       {std::string("{\"format\":3,\"key\":{\"device\":[\"x\"]},\"evidence\":{}}"),
+        std::string("{\"format\":3,\"key\":{\"device\":\"NVIDIA A100-SXM4-80GB\",\"model\":\"11689512 params\","
                     "\"precision\":\"bf16\"},\"evidence\":{\"fixed_bytes\":[1],\"per_sample_bytes\":1}}"),
-        std::string("{\"format\":[2]}"), std::string("[1, 2]"), std::string("\"just a string\"")}) {
+        std::string("{\"format\":[3]}"), std::string("[1, 2]"), std::string("\"just a string\"")}) {
     INFO(text);
     std::ofstream(entry) << text;
     CHECK_FALSE(cache.find(key).has_value());
