@@ -569,12 +569,10 @@ std::vector<std::string> set_aside_checkpoints_after(const std::string& dir, int
     files::make_directories(aside);
     // An earlier resume may have set aside a checkpoint of the same step (another future): never
     // overwritten, this one takes the first numbered name free for it and its checksum.
+    const auto kept_as = [&](int n) { return files::join(aside, detail::kept_checkpoint_name(name, n)); };
     int n = 0;
-    while (files::exists(files::join(aside, detail::kept_checkpoint_name(name, n))) ||
-           files::exists(sum_path(files::join(aside, detail::kept_checkpoint_name(name, n))))) {
-      ++n;
-    }
-    const std::string kept = files::join(aside, detail::kept_checkpoint_name(name, n));
+    while (files::exists(kept_as(n)) || files::exists(sum_path(kept_as(n)))) ++n;
+    const std::string kept = kept_as(n);
     for (const auto& [from, to] : {std::pair{path, kept}, std::pair{sum_path(path), sum_path(kept)}}) {
       if (files::exists(from) && std::rename(from.c_str(), to.c_str()) != 0) {
         throw Error("cannot move " + from + " to " + to + ": " + std::strerror(errno));

@@ -29,6 +29,7 @@
 #include "suggest.h"
 #include "train/errors.h"
 #include "train/files.h"
+#include "train/log.h"
 
 namespace train {
 namespace {
@@ -733,11 +734,7 @@ std::string unknown_path_problem(const std::string& path) {
 // ---- Formatting values -------------------------------------------------------------------------
 
 // Shortest text that parses back to exactly `v`.
-std::string format_number(double v) {
-  char buffer[64];
-  const auto result = std::to_chars(buffer, buffer + sizeof buffer, v);
-  return std::string(buffer, result.ptr);
-}
+std::string format_number(double v) { return log::exact(v); }
 
 // Like format_number, but keeps a float recognisable as one: 1.0, not 1.
 std::string format_float(double v) {

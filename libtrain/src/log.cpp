@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <iomanip>
@@ -134,6 +135,11 @@ std::string fixed(double value, int digits) {
   out.imbue(std::locale::classic());  // see str()
   out << std::fixed << std::setprecision(digits) << value;
   return out.str();
+}
+
+std::string exact(double value) {
+  char buffer[64];
+  return std::string(buffer, std::to_chars(buffer, buffer + sizeof buffer, value).ptr);
 }
 
 }  // namespace train::log

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <charconv>
 #include <chrono>
 #include <limits>
 #include <optional>
@@ -457,12 +456,8 @@ struct Trainer::Impl {
     if (const auto it = st.tensors.find("trainer/lr"); it != st.tensors.end() && it->second.numel() == 1) {
       const double lr = it->second.item<double>();
       if (lr != plan.lr && !listed("optim.lr") && !listed("trainer.global_batch")) {
-        // Shortest exact form: 0.1/3 and 0.1/6 must not read as rounded look-alikes.
-        auto exact = [](double v) {
-          char buffer[32];
-          return std::string(buffer, std::to_chars(buffer, buffer + sizeof buffer, v).ptr);
-        };
-        trajectory.push_back("the plan's peak lr " + exact(lr) + " -> " + exact(plan.lr));
+        // Exact: 0.1/3 and 0.1/6 must not read as rounded look-alikes.
+        trajectory.push_back("the plan's peak lr " + log::exact(lr) + " -> " + log::exact(plan.lr));
       }
     }
     // (Another global batch is split anew: its micro-batch says nothing more.)

@@ -39,4 +39,8 @@ std::string str(const Args&... args) {
 // fixed(12.3456, 1) -> "12.3": a number for people, with a fixed count of decimals.
 std::string fixed(double value, int digits);
 
+// exact(0.1 / 3) -> "0.03333333333333333": the shortest text that reads back as exactly `value`,
+// for numbers that must not look equal when they differ.
+std::string exact(double value);
+
 }  // namespace train::log
