@@ -4,7 +4,10 @@
 #                            directory, absolute or under $ORIGIN: no empty entry (which the loader
 #                            reads as the current directory), no relative one (the same, below it),
 #                            no directory that is not there (such as /lib/intel64).
-#                            cmake/TrainRunpath.cmake sets them.
+#                            cmake/TrainRunpath.cmake sets them. And where a file needs
+#                            LibTorch, libstdc++.so.6 comes first in its DT_NEEDED list: the pip
+#                            wheel's libtorch.so exports copies of libstdc++ functions, which win
+#                            when it comes first (libtrain/CMakeLists.txt).
 #   -DEXPORTS_LIB=libtrain.so   its dynamic symbol table defines train's API only: nothing of the
 #                            header-only libraries compiled into it (CLI11, nlohmann::json, fmt,
 #                            yaml-cpp, spdlog) or of std:: and LibTorch template instantiations,
@@ -29,6 +32,25 @@ foreach(file IN LISTS RUNPATH_FILES)
   if(NOT rc EQUAL 0)
     string(APPEND failures "${file}: readelf -d failed (${rc}): ${err}\n")
     continue()
+  endif()
+  string(REGEX MATCHALL "\\(NEEDED\\)[^\n]*\\[[^]\n]*\\]" needed_tags "${out}")
+  set(needed "")
+  foreach(tag IN LISTS needed_tags)
+    string(REGEX REPLACE "^.*\\[(.*)\\]$" "\\1" lib "${tag}")
+    list(APPEND needed "${lib}")
+  endforeach()
+  set(first_torch -1)
+  set(i 0)
+  foreach(lib IN LISTS needed)
+    if(first_torch EQUAL -1 AND lib MATCHES "^lib(torch|c10)")
+      set(first_torch ${i})
+    endif()
+    math(EXPR i "${i} + 1")
+  endforeach()
+  list(FIND needed "libstdc++.so.6" cxx_runtime)
+  if(first_torch GREATER -1 AND (cxx_runtime EQUAL -1 OR cxx_runtime GREATER first_torch))
+    list(JOIN needed " " needed)
+    string(APPEND failures "${file}: libstdc++.so.6 is not needed before LibTorch (NEEDED: ${needed})\n")
   endif()
   get_filename_component(origin "${file}" DIRECTORY)
   string(REGEX MATCHALL "\\((RUNPATH|RPATH)\\)[^\n]*\\[[^\n]*\\]" tags "${out}")

@@ -40,8 +40,7 @@ using Catch::Matchers::Contains;
 namespace {
 
 // A fresh directory under $TMPDIR (or /tmp), removed with everything in it at scope end.
-// POSIX calls, not std::filesystem: the torch wheel's libtorch.so exports its own, older
-// std::filesystem symbols, and its remove_all crashes.
+// POSIX calls, as the library's own (train/files.h).
 struct TempDir {
   std::string path;
   TempDir() {

@@ -15,8 +15,11 @@
 #include <train/run.h>
 #include <train/trainer.h>
 
+#include <dlfcn.h>
+
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -50,6 +53,40 @@ class Brightness : public data::Dataset {
 };
 
 }  // namespace
+
+// The pip wheel's libtorch.so exports its own copies of some libstdc++ functions; in a program
+// that lists it before libstdc++.so.6 they replace the C++ runtime's, and
+// std::filesystem::create_directories crashes. Linking train::train puts libstdc++ first
+// (libtrain/CMakeLists.txt). With Debian's LibTorch there are no such copies, and this holds too.
+TEST_CASE("library_use: the C++ runtime's own functions win over copies that LibTorch exports", "[library_use]") {
+  const char* const symbols[] = {
+      // std::filesystem::create_directories(const path&, std::error_code&)
+      "_ZNSt10filesystem18create_directoriesERKNS_7__cxx114pathERSt10error_code",
+      // std::filesystem::remove_all(const path&, std::error_code&)
+      "_ZNSt10filesystem10remove_allERKNS_7__cxx114pathERSt10error_code",
+      // std::ostringstream::ostringstream() and std::stringstream::stringstream()
+      "_ZNSt7__cxx1119basic_ostringstreamIcSt11char_traitsIcESaIcEEC1Ev",
+      "_ZNSt7__cxx1118basic_stringstreamIcSt11char_traitsIcESaIcEEC1Ev",
+  };
+  for (const char* symbol : symbols) {
+    INFO(symbol);
+    void* address = ::dlsym(RTLD_DEFAULT, symbol);
+    REQUIRE(address != nullptr);
+    Dl_info info{};
+    REQUIRE(::dladdr(address, &info) != 0);
+    REQUIRE(info.dli_fname != nullptr);
+    CHECK_THAT(std::string(info.dli_fname), Catch::Contains("libstdc++"));
+  }
+  // And they work: LibTorch's copy of create_directories crashed here.
+  const std::string root = files::make_temp_directory("train_stdfs_");
+  const std::filesystem::path nested = std::filesystem::path(root) / "a" / "b";
+  std::error_code error;
+  CHECK(std::filesystem::create_directories(nested, error));
+  CHECK_FALSE(error);
+  CHECK(std::filesystem::is_directory(nested));
+  CHECK(std::filesystem::remove_all(root, error) == 3);
+  CHECK_FALSE(error);
+}
 
 TEST_CASE("library_use: MetricRecord takes any integer type", "[library_use]") {
   const std::vector<int> three(3);

@@ -1,10 +1,11 @@
 #pragma once
 // Small POSIX file-system helpers.
 //
-// The library does not use std::filesystem: the torch pip wheel's libtorch_cpu.so exports its
-// own, ABI-incompatible copies of std::filesystem functions, which take precedence over
-// libstdc++'s at run time (create_directories fails with "Not a directory", remove_all crashes).
-// Programs that link the wheel's LibTorch should avoid std::filesystem too.
+// The library does not use std::filesystem: the torch pip wheel's libtorch.so exports its own,
+// incompatible copies of std::filesystem functions, which take precedence over libstdc++'s in a
+// program that lists libtorch.so first (create_directories crashes). Programs that link
+// train::train list libstdc++ first (libtrain/CMakeLists.txt), but libtrain.so may be loaded by
+// one that does not.
 #include <cstdint>
 #include <string>
 #include <vector>

@@ -166,8 +166,7 @@ IdxContents read_idx(const std::string& path, uint8_t rank) {
 }  // namespace
 
 std::string find_data_file(const std::string& dir, const std::string& stem) {
-  // POSIX stat rather than std::filesystem: the torch wheel's libtorch.so exports its own, older
-  // std::filesystem symbols, which interpose libstdc++'s and are not all usable.
+  // POSIX stat rather than std::filesystem (train/files.h says why).
   auto is_regular_file = [](const std::string& path) {
     struct stat info {};
     return ::stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode);
