@@ -1,7 +1,8 @@
 // The test runner. With TRAIN_TEST_WORKER set, the binary is instead one rank of a multi-process
 // test (ddp: test_dist.cpp starts copies of itself that way), or the `train` command with test
 // models registered (cli: test_kill_resume.cpp), or writes the LibTorch 1.13 checkpoint fixture
-// (fixture: test_trainer.cpp; run by hand on a 1.13 build).
+// (fixture: test_trainer.cpp; run by hand on a 1.13 build), or a SIGBUS scenario of
+// files::MappedFile in a fresh process (mapped_file: test_tokens.cpp).
 #define CATCH_CONFIG_RUNNER
 #include "testing.h"
 
@@ -16,12 +17,14 @@
 int ddp_test_worker();
 int cli_test_worker(int argc, char** argv);
 int write_checkpoint_fixture();
+int mapped_file_test_worker();
 
 int main(int argc, char** argv) {
   if (const char* role = std::getenv("TRAIN_TEST_WORKER")) {
     if (std::strcmp(role, "ddp") == 0) return ddp_test_worker();
     if (std::strcmp(role, "cli") == 0) return cli_test_worker(argc, argv);
     if (std::strcmp(role, "fixture") == 0) return write_checkpoint_fixture();
+    if (std::strcmp(role, "mapped_file") == 0) return mapped_file_test_worker();
     std::fprintf(stderr, "unknown TRAIN_TEST_WORKER '%s'\n", role);
     return 2;
   }

@@ -2,11 +2,17 @@
 // statistics and determinism, TokenDataset's packing, the loader on tokens, and data.kind: tokens.
 #include "testing.h"
 
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -288,7 +294,7 @@ TEST_CASE("Truncated and corrupt token files are errors naming the file", "[data
   CHECK_THAT(data_error([&] { dataset.get(1, 0); }), Contains(bad) && Contains("token 200"));
 
   // Truncated after it was opened (rewritten in place while a run reads it): an error naming the
-  // file, where the mapping it was read through killed the process with SIGBUS.
+  // file. Reading the mapping's lost pages faults with SIGBUS, which files::MappedFile catches.
   const std::string moving = dir / "moving.tokens";
   write_token_file(moving, kSmallCorpus, small_vocab());
   const TokenFile opened(moving);
@@ -298,6 +304,84 @@ TEST_CASE("Truncated and corrupt token files are errors naming the file", "[data
   CHECK_THAT(data_error([&] { opened.document_offset(2); }), Contains("shorter than when it was opened"));
   CHECK_THAT(data_error([&] { opened.verify(); }), Contains("shorter than when it was opened"));
   CHECK_THAT(data_error([&] { reading.get(1, 0); }), Contains(moving) && Contains("shorter than when it was opened"));
+}
+
+namespace {
+
+// The scenarios of the test below, each in a process of its own (this binary, started again with
+// TRAIN_TEST_WORKER=mapped_file): the SIGBUS handler is installed once per process, with the
+// first mapping.
+//   chained: a SIGBUS handler installed before the first mapping still gets every SIGBUS that
+//            is not a fault of a MappedFile copy (exit 42), and copy() still catches its own.
+//   default: with no handler before it, a fault outside copy() ends the process with SIGBUS
+//            (not swallowed, not repeated forever: alarm() would end it with SIGALRM).
+[[noreturn]] void mapped_file_scenario(const std::string& scenario, const std::string& dir) {
+  alarm(20);
+  const struct rlimit no_core {0, 0};
+  ::setrlimit(RLIMIT_CORE, &no_core);
+  if (scenario == "chained") {
+    struct sigaction earlier {};
+    earlier.sa_handler = [](int) { _exit(42); };
+    sigemptyset(&earlier.sa_mask);
+    if (sigaction(SIGBUS, &earlier, nullptr) != 0) _exit(10);
+  }
+  const std::string path = dir + "/mapped-" + scenario;
+  {
+    std::ofstream out(path, std::ios::binary);
+    out << std::string(3 * 4096, 'x');
+  }
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) _exit(11);
+  const train::files::MappedFile mapped(fd, 3 * 4096, path);
+  auto* raw = static_cast<const volatile char*>(::mmap(nullptr, 3 * 4096, PROT_READ, MAP_SHARED, fd, 0));
+  if (raw == MAP_FAILED) _exit(12);
+  ::close(fd);
+  char buffer[64];
+  if (!mapped.copy(2 * 4096, buffer, sizeof buffer) || buffer[0] != 'x') _exit(13);
+  if (::truncate(path.c_str(), 4096) != 0) _exit(14);
+  if (mapped.copy(2 * 4096 + 8, buffer, sizeof buffer)) _exit(15);  // the lost page: caught
+  if (!mapped.copy(100, buffer, sizeof buffer) || buffer[0] != 'x') _exit(16);  // still there
+  if (scenario == "chained") ::raise(SIGBUS);  // -> the earlier handler: exit 42
+  const char lost = raw[2 * 4096];  // not through copy(): the default action
+  _exit(lost == 'x' ? 17 : 18);
+}
+
+}  // namespace
+
+int mapped_file_test_worker() {
+  const char* scenario = std::getenv("TRAIN_TEST_MAPPED_FILE");
+  const char* dir = std::getenv("TRAIN_TEST_MAPPED_FILE_DIR");
+  if (scenario == nullptr || dir == nullptr) return 2;
+  mapped_file_scenario(scenario, dir);
+}
+
+TEST_CASE("files::MappedFile catches only its own faults: other SIGBUSes reach the earlier handler or end the process",
+          "[tokens][process]") {
+  TempDir dir;
+  auto run = [&](const char* scenario) {
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      ::setenv("TRAIN_TEST_WORKER", "mapped_file", 1);
+      ::setenv("TRAIN_TEST_MAPPED_FILE", scenario, 1);
+      ::setenv("TRAIN_TEST_MAPPED_FILE_DIR", dir.path.c_str(), 1);
+      const int null = ::open("/dev/null", O_WRONLY);
+      ::dup2(null, STDOUT_FILENO);
+      ::execl("/proc/self/exe", "train_tests", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    return status;
+  };
+  const int chained = run("chained");
+  INFO("status " << chained);
+  CHECK(WIFEXITED(chained));
+  CHECK(WEXITSTATUS(chained) == 42);
+  const int plain = run("default");
+  INFO("status " << plain);
+  CHECK(WIFSIGNALED(plain));
+  CHECK(WTERMSIG(plain) == SIGBUS);
 }
 
 TEST_CASE("Vocab files give the size, the special ids and the bracketed tokens", "[data][tokens]") {

@@ -3,13 +3,18 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 
 #include "train/errors.h"
 
@@ -132,6 +137,102 @@ std::string stem(const std::string& path) {
   const std::string name = filename(path);
   const auto dot = name.rfind('.');
   return dot == std::string::npos || dot == 0 ? name : name.substr(0, dot);
+}
+
+// ---- MappedFile ---------------------------------------------------------------------------------
+// A read of a mapped page that the file no longer has raises SIGBUS in the reading thread. Each
+// copy() arms a per-thread guard (the pages it reads, a jump buffer); the handler jumps back into
+// copy() when the fault is inside the armed range, and passes every other SIGBUS on.
+
+namespace {
+
+struct FaultGuard {
+  sigjmp_buf resume;
+  uintptr_t first_page = 0;  // [first_page, end_page): the pages the armed copy reads
+  uintptr_t end_page = 0;
+};
+
+thread_local FaultGuard* t_armed = nullptr;
+struct sigaction g_previous_sigbus {};
+std::once_flag g_sigbus_installed;
+
+void on_sigbus(int signal, siginfo_t* info, void* context) {
+  FaultGuard* guard = t_armed;
+  const auto at = reinterpret_cast<uintptr_t>(info->si_addr);
+  if (guard != nullptr && at >= guard->first_page && at < guard->end_page) {
+    t_armed = nullptr;
+    siglongjmp(guard->resume, 1);  // SA_NODEFER: the signal mask needs no restoring
+  }
+  // Not a fault of copy(): the handler that was there before, else the default action.
+  if ((g_previous_sigbus.sa_flags & SA_SIGINFO) != 0) {
+    g_previous_sigbus.sa_sigaction(signal, info, context);
+  } else if (g_previous_sigbus.sa_handler != SIG_DFL && g_previous_sigbus.sa_handler != SIG_IGN) {
+    g_previous_sigbus.sa_handler(signal);
+  } else {
+    // Back to the default; a fault repeats when the handler returns and then ends the process
+    // with SIGBUS (a core dump at the faulting access), a sent SIGBUS is sent again.
+    ::signal(SIGBUS, SIG_DFL);
+    if (info->si_code <= 0) ::raise(SIGBUS);
+  }
+}
+
+void install_sigbus_handler() {
+  struct sigaction action {};
+  action.sa_sigaction = on_sigbus;
+  ::sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK;
+  ::sigaction(SIGBUS, &action, &g_previous_sigbus);
+}
+
+// No objects with destructors live here: the jump back from the handler skips this frame's end.
+bool guarded_copy(const unsigned char* from, void* to, size_t count) noexcept {
+  static const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  FaultGuard guard;
+  guard.first_page = reinterpret_cast<uintptr_t>(from) / page * page;
+  guard.end_page = (reinterpret_cast<uintptr_t>(from) + count + page - 1) / page * page;
+  if (sigsetjmp(guard.resume, 0) != 0) return false;
+  // The fences keep the compiler from moving the copy's loads out from between arming and
+  // disarming (or from dropping the arming store as dead: memcpy does not read t_armed).
+  t_armed = &guard;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  std::memcpy(to, from, count);
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  t_armed = nullptr;
+  return true;
+}
+
+}  // namespace
+
+MappedFile::MappedFile(int fd, size_t size, const std::string& path) {
+  std::call_once(g_sigbus_installed, install_sigbus_handler);
+  void* mapped = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  if (mapped == MAP_FAILED) throw Error(path + ": cannot map the file: " + errno_text());
+  data_ = static_cast<const unsigned char*>(mapped);
+  size_ = size;
+}
+
+MappedFile::~MappedFile() {
+  if (data_ != nullptr) ::munmap(const_cast<unsigned char*>(data_), size_);
+}
+
+MappedFile::MappedFile(MappedFile&& other) noexcept : data_(other.data_), size_(other.size_) {
+  other.data_ = nullptr;
+  other.size_ = 0;
+}
+
+MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
+  if (this != &other) {
+    if (data_ != nullptr) ::munmap(const_cast<unsigned char*>(data_), size_);
+    data_ = other.data_;
+    size_ = other.size_;
+    other.data_ = nullptr;
+    other.size_ = 0;
+  }
+  return *this;
+}
+
+bool MappedFile::copy(size_t offset, void* out, size_t count) const noexcept {
+  return count == 0 || guarded_copy(data_ + offset, out, count);
 }
 
 }  // namespace train::files

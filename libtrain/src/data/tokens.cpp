@@ -6,7 +6,6 @@
 #include <train/log.h>
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -226,84 +225,92 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
     throw DataError(path + ": truncated token file: " + found + ", shorter than the " +
                     std::to_string(kTokenFileHeaderBytes) + "-byte header");
   }
-  // Mapped only while the header and the index are validated: a mapping read after the file
-  // was truncated (rewritten in place while a run reads it) faults with SIGBUS, which no error
-  // handling survives. Samples are read with pread (read, document_offset), where a short read is
-  // a DataError naming the file.
-  void* mapped = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);
-  const int mmap_errno = errno;
-  if (mapped == MAP_FAILED) {
-    ::close(fd);
-    throw DataError(path + ": cannot map token file: " + std::strerror(mmap_errno));
-  }
-  const auto* data = static_cast<const uint8_t*>(mapped);
-
-  // Everything below throws through here, so the mapping and the file are released on every error.
   try {
-    auto fail = [&](const std::string& problem) { throw DataError(path + ": " + problem); };
-    if (std::memcmp(data, kTokenFileMagic, sizeof kTokenFileMagic) != 0) {
-      fail("not a token file (bad magic; expected \"TRAINTOK\")");
+    mapped_ = files::MappedFile(fd, size_, path);
+  } catch (const Error& e) {
+    ::close(fd);
+    throw DataError(e.what());
+  }
+  ::close(fd);  // the mapping keeps the file
+
+  // Every read below goes through read_at, like the samples' later: a file truncated while it is
+  // validated is a DataError too.
+  auto fail = [&](const std::string& problem) { throw DataError(path + ": " + problem); };
+  uint8_t header[kTokenFileHeaderBytes] = {};
+  read_at(0, header, std::min(size_, sizeof header));
+  const uint8_t* data = header;
+  if (std::memcmp(data, kTokenFileMagic, sizeof kTokenFileMagic) != 0) {
+    fail("not a token file (bad magic; expected \"TRAINTOK\")");
+  }
+  if (size_ < static_cast<size_t>(kTokenFileHeaderBytes)) {
+    fail("truncated token file: " + found + ", shorter than the " + std::to_string(kTokenFileHeaderBytes) +
+         "-byte header");
+  }
+  const uint64_t version = get_le(data + 8, 4);
+  if (version != kTokenFileVersion) {
+    fail("unsupported token file version " + std::to_string(version) + " (this reader reads version " +
+         std::to_string(kTokenFileVersion) + ")");
+  }
+  const uint64_t token_bytes = get_le(data + 12, 4);
+  if (token_bytes != 2 && token_bytes != 4) {
+    fail("token size " + std::to_string(token_bytes) + " bytes in the header (expected 2 or 4)");
+  }
+  token_bytes_ = static_cast<int>(token_bytes);
+  const uint64_t num_tokens = get_le(data + 16, 8);
+  const uint64_t num_documents = get_le(data + 24, 8);
+  const uint64_t vocab_size = get_le(data + 32, 8);
+  const uint64_t index_offset = get_le(data + 40, 8);
+  checksum_ = get_le(data + 48, 8);
+  if (vocab_size < 1 || vocab_size > (uint64_t{1} << (8 * token_bytes))) {
+    fail("vocab_size " + std::to_string(vocab_size) + " in the header does not fit " + std::to_string(token_bytes) +
+         "-byte tokens");
+  }
+  // Counts larger than any file could hold would overflow the size arithmetic below.
+  constexpr uint64_t kMaxCount = uint64_t{1} << 56;
+  if (num_tokens > kMaxCount || num_documents > kMaxCount) {
+    fail("implausible counts in the header (" + std::to_string(num_tokens) + " tokens, " +
+         std::to_string(num_documents) + " documents): corrupt header");
+  }
+  const uint64_t expected_index = kTokenFileHeaderBytes + round_up8(num_tokens * token_bytes);
+  if (index_offset != expected_index) {
+    fail("corrupt header: index_offset is " + std::to_string(index_offset) + " but " + std::to_string(num_tokens) +
+         " tokens of " + std::to_string(token_bytes) + " bytes put the index at " + std::to_string(expected_index));
+  }
+  const uint64_t expected_size = expected_index + 8 * (num_documents + 1);
+  if (size_ != expected_size) {
+    fail(std::string(size_ < expected_size ? "truncated" : "trailing data") + ": the header declares " +
+         std::to_string(num_tokens) + " tokens in " + std::to_string(num_documents) + " documents, so expected " +
+         std::to_string(expected_size) + " bytes, found " + found);
+  }
+  num_tokens_ = static_cast<int64_t>(num_tokens);
+  num_documents_ = static_cast<int64_t>(num_documents);
+  vocab_size_ = static_cast<int64_t>(vocab_size);
+  index_offset_ = static_cast<int64_t>(index_offset);
+  for (size_t i = 0; i < std::size(kSpecialFields); ++i) {
+    const int64_t id = decode_id(static_cast<uint32_t>(get_le(data + 56 + 4 * i, 4)));
+    if (id >= vocab_size_) {
+      fail(std::string("special id ") + kSpecialFields[i].name + " = " + std::to_string(id) +
+           " in the header is outside the vocabulary [0, " + std::to_string(vocab_size_) + ")");
     }
-    if (size_ < static_cast<size_t>(kTokenFileHeaderBytes)) {
-      fail("truncated token file: " + found + ", shorter than the " +
-           std::to_string(kTokenFileHeaderBytes) + "-byte header");
-    }
-    const uint64_t version = get_le(data + 8, 4);
-    if (version != kTokenFileVersion) {
-      fail("unsupported token file version " + std::to_string(version) + " (this reader reads version " +
-           std::to_string(kTokenFileVersion) + ")");
-    }
-    const uint64_t token_bytes = get_le(data + 12, 4);
-    if (token_bytes != 2 && token_bytes != 4) {
-      fail("token size " + std::to_string(token_bytes) + " bytes in the header (expected 2 or 4)");
-    }
-    token_bytes_ = static_cast<int>(token_bytes);
-    const uint64_t num_tokens = get_le(data + 16, 8);
-    const uint64_t num_documents = get_le(data + 24, 8);
-    const uint64_t vocab_size = get_le(data + 32, 8);
-    const uint64_t index_offset = get_le(data + 40, 8);
-    checksum_ = get_le(data + 48, 8);
-    if (vocab_size < 1 || vocab_size > (uint64_t{1} << (8 * token_bytes))) {
-      fail("vocab_size " + std::to_string(vocab_size) + " in the header does not fit " +
-           std::to_string(token_bytes) + "-byte tokens");
-    }
-    // Counts larger than any file could hold would overflow the size arithmetic below.
-    constexpr uint64_t kMaxCount = uint64_t{1} << 56;
-    if (num_tokens > kMaxCount || num_documents > kMaxCount) {
-      fail("implausible counts in the header (" + std::to_string(num_tokens) + " tokens, " +
-           std::to_string(num_documents) + " documents): corrupt header");
-    }
-    const uint64_t expected_index = kTokenFileHeaderBytes + round_up8(num_tokens * token_bytes);
-    if (index_offset != expected_index) {
-      fail("corrupt header: index_offset is " + std::to_string(index_offset) + " but " +
-           std::to_string(num_tokens) + " tokens of " + std::to_string(token_bytes) +
-           " bytes put the index at " + std::to_string(expected_index));
-    }
-    const uint64_t expected_size = expected_index + 8 * (num_documents + 1);
-    if (size_ != expected_size) {
-      fail(std::string(size_ < expected_size ? "truncated" : "trailing data") + ": the header declares " +
-           std::to_string(num_tokens) + " tokens in " + std::to_string(num_documents) +
-           " documents, so expected " + std::to_string(expected_size) + " bytes, found " + found);
-    }
-    num_tokens_ = static_cast<int64_t>(num_tokens);
-    num_documents_ = static_cast<int64_t>(num_documents);
-    vocab_size_ = static_cast<int64_t>(vocab_size);
-    index_offset_ = static_cast<int64_t>(index_offset);
-    for (size_t i = 0; i < std::size(kSpecialFields); ++i) {
-      const int64_t id = decode_id(static_cast<uint32_t>(get_le(data + 56 + 4 * i, 4)));
-      if (id >= vocab_size_) {
-        fail(std::string("special id ") + kSpecialFields[i].name + " = " + std::to_string(id) +
-             " in the header is outside the vocabulary [0, " + std::to_string(vocab_size_) + ")");
+    special_.*(kSpecialFields[i].field) = id;
+  }
+  // The index, in blocks of offsets.
+  sparse_offsets_.reserve(num_documents / kSparseStride + 2);
+  sparse_offsets_.push_back(0);
+  std::vector<int64_t> block;
+  uint64_t previous = 0;
+  constexpr uint64_t kBlock = 8192;
+  for (uint64_t first = 0; first <= num_documents; first += kBlock) {
+    const uint64_t count = std::min(kBlock, num_documents + 1 - first);
+    block.resize(count);
+    document_offsets(static_cast<int64_t>(first), static_cast<int64_t>(count), block.data());
+    for (uint64_t i = 0; i < count; ++i) {
+      const uint64_t d = first + i;
+      const auto offset = static_cast<uint64_t>(block[i]);
+      if (d == 0) {
+        if (offset != 0) fail("corrupt index: offsets[0] is not 0");
+        continue;
       }
-      special_.*(kSpecialFields[i].field) = id;
-    }
-    const uint8_t* offsets = data + index_offset_;
-    if (get_le(offsets, 8) != 0) fail("corrupt index: offsets[0] is not 0");
-    sparse_offsets_.reserve(num_documents / kSparseStride + 2);
-    sparse_offsets_.push_back(0);
-    uint64_t previous = 0;
-    for (uint64_t d = 1; d <= num_documents; ++d) {
-      const uint64_t offset = get_le(offsets + 8 * d, 8);
       if (d % kSparseStride == 0 || d == num_documents) sparse_offsets_.push_back(static_cast<int64_t>(offset));
       if (offset < previous || offset > num_tokens) {
         fail("corrupt index: document " + std::to_string(d - 1) + " ends at token " + std::to_string(offset) +
@@ -312,35 +319,20 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
       }
       previous = offset;
     }
-    if (previous != num_tokens) {
-      fail("corrupt index: the documents end at token " + std::to_string(previous) + ", not at the " +
-           std::to_string(num_tokens) + " tokens the header declares");
-    }
-  } catch (...) {
-    ::munmap(mapped, size_);
-    ::close(fd);
-    throw;
   }
-  ::munmap(mapped, size_);
-  fd_ = fd;
+  if (previous != num_tokens) {
+    fail("corrupt index: the documents end at token " + std::to_string(previous) + ", not at the " +
+         std::to_string(num_tokens) + " tokens the header declares");
+  }
 }
 
-TokenFile::~TokenFile() {
-  if (fd_ >= 0) ::close(fd_);
-}
+TokenFile::~TokenFile() = default;
 
 void TokenFile::read_at(uint64_t offset, uint8_t* out, size_t bytes) const {
-  size_t done = 0;
-  while (done < bytes) {
-    const ssize_t n = ::pread(fd_, out + done, bytes - done, static_cast<off_t>(offset + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      throw DataError(path_ + ": cannot read " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) +
-                      (n < 0 ? std::string(": ") + std::strerror(errno)
-                             : std::string(": the file is shorter than when it was opened (rewritten in place while "
-                                           "a run reads it? write a new file and rename it over the old one)")));
-    }
-    done += static_cast<size_t>(n);
+  if (!mapped_.copy(static_cast<size_t>(offset), out, bytes)) {
+    throw DataError(path_ + ": cannot read " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) +
+                    ": the file is shorter than when it was opened (rewritten in place while a run reads it? write "
+                    "a new file and rename it over the old one)");
   }
 }
 
@@ -688,7 +680,7 @@ torch::Tensor TokenDataset::tokens(int64_t index) const {
     const int64_t stream_size = file.num_tokens() + documents;
     int64_t p = index * body;
     const int64_t end = std::min(p + body, stream_size);
-    // Offsets come in windows of up to kWindow + 1, one pread each: a sample rarely spans more
+    // Offsets come in windows of up to kWindow + 1, one copy each: a sample rarely spans more
     // than a few documents.
     constexpr int64_t kWindow = 32;
     int64_t window[kWindow + 1];

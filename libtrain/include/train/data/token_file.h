@@ -1,6 +1,6 @@
 #pragma once
 // The token file: a corpus of tokenized documents for language-model training, written once by a
-// pretokenizer and read (pread) by every loader worker.
+// pretokenizer and read through a memory mapping by every loader worker.
 //
 // Format, version 1. One file (conventionally NAME.tokens); every integer is little-endian.
 //
@@ -38,6 +38,8 @@
 #include <cstdio>
 #include <string>
 #include <vector>
+
+#include "train/files.h"
 
 namespace train::data {
 
@@ -114,9 +116,10 @@ class TokenFileWriter {
 void write_token_file(const std::string& path, const std::vector<std::vector<int64_t>>& documents,
                       const TokenFileOptions& options);
 
-// A token file, validated whole when opened and read with pread after that (a mapping would kill
-// the process with SIGBUS if the file were truncated under it). All accessors are const and safe
-// to call from any number of threads at once; the descriptor is closed by the destructor.
+// A token file, mapped into memory and validated whole when opened. Reads copy out of the mapping
+// (files::MappedFile): a file truncated under a running job is a DataError naming it, not the
+// SIGBUS that would end the process. All accessors are const and safe to call from any number of
+// threads at once; the destructor unmaps the file.
 class TokenFile {
  public:
   // Opens and validates; DataError naming the file on any problem (missing, unreadable,
@@ -148,7 +151,7 @@ class TokenFile {
   // The last document d (0 <= d < num_documents) that starts at or before `position` of a stream
   // in which every document is followed by `separators` tokens of its own (0: the corpus itself),
   // that is the largest d with offset(d) + d * separators <= position. A search of the sparse
-  // index kept in memory, then of one block of offsets read with one pread. std::out_of_range
+  // index kept in memory, then of one block of offsets copied out of the mapping. std::out_of_range
   // when position < 0 or separators < 0; std::logic_error when the file has no documents.
   int64_t find_document(int64_t position, int64_t separators = 0) const;
 
@@ -161,7 +164,7 @@ class TokenFile {
   void read_at(uint64_t offset, uint8_t* out, size_t bytes) const;
 
   std::string path_;
-  int fd_ = -1;
+  files::MappedFile mapped_;
   size_t size_ = 0;
   int token_bytes_ = 0;
   int64_t num_tokens_ = 0;
