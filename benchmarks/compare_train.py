@@ -138,14 +138,18 @@ def run_one(spec, config, a, overrides):
     try:
         if impl == "train":
             lines = Path(run_dir, "metrics.jsonl").read_text().splitlines()
+            channels_last = json.loads(Path(run_dir, "plan.json").read_text())["channels_last"]
         else:
             lines = out.stdout.splitlines()
         records, summary = parse_records(lines)
+        if impl != "train":
+            channels_last = summary.get("channels_last")
     finally:
         if run_dir:
             shutil.rmtree(run_dir, ignore_errors=True)
     result = steady_state(records, a.warmup_windows)
-    result.update({"wall_s": round(wall, 2), "load_before": load_before, "accuracy": summary.get("accuracy")})
+    result.update({"wall_s": round(wall, 2), "load_before": load_before, "accuracy": summary.get("accuracy"),
+                   "channels_last": channels_last})
     return result
 
 
@@ -199,6 +203,12 @@ def main():
             for impl in order:
                 res = run_one(impl, config, a, a.overrides)
                 res["round"] = r
+                # The same memory format on every side (the plan's: fit.py and bench_raw_loop
+                # apply train's rule), or the comparison measures a setting, not an implementation.
+                formats = {x["channels_last"] for rs in runs[config].values() for x in rs} | {res["channels_last"]}
+                if len(formats) > 1:
+                    sys.exit(f"{config}: {impl} ran with channels_last={res['channels_last']}, an earlier run "
+                             f"with {formats - {res['channels_last']}}: not comparable")
                 runs[config][impl].append(res)
                 print(f"round {r} {Path(config).stem} {impl}: {res['steps_per_s']:.4g} steps/s "
                       f"({res['mean_step_ms']:.3f} ms/step over {res['timed_steps']} steps, loss {res['final_loss']:.4f}, "
@@ -218,7 +228,8 @@ def main():
             summary["paired_ratios"][key] = paired(by_impl[base], by_impl[impl])
             summary["median_paired_ratio"][key] = statistics.median(summary["paired_ratios"][key])
         report["results"][config] = summary
-        print(f"{config}: {a.rounds} interleaved rounds, {a.threads} threads")
+        print(f"{config}: {a.rounds} interleaved rounds, {a.threads} threads, "
+              f"channels_last {by_impl[impls[0]][0]['channels_last']} on every side")
         print("| impl | optimizer | rounds (steps/s) | median steps/s | median ms/step |")
         print("|---|---|---|---|---|")
         for impl, results in by_impl.items():

@@ -14,6 +14,8 @@ runs cannot drift apart silently. What it reproduces:
     cross-entropy, trainer.max_steps steps, torch.set_num_threads(trainer.threads or the cores);
     the parameters in train's two groups (make_optimizer): weight decay only on tensors of 2+
     dimensions, none on biases and normalisation weights unless optim.decay_norm_and_bias;
+  - the plan's memory format: precision.channels_last on/off as given, auto = channels_last when
+    PyTorch has oneDNN and every convolution has 16+ output channels (train's plan on a CPU);
   - torch.optim.SGD's implementation from --optim-impl, not from optim.impl (compare_train.py
     states which one each side used): `default` is PyTorch's own choice, a per-parameter loop on
     CPU; `fused` is the fused SGD kernel that train's `optim.impl: auto` runs on CPU (LibTorch >= 2.4).
@@ -51,7 +53,7 @@ DEFAULTS = {
     "schedule": {"name": "cosine", "warmup_steps": 0, "warmup_epochs": 0.0},
     "loss": {"label_smoothing": 0.0},
     "trainer": {"epochs": 0, "max_steps": 0, "seed": 0, "threads": 0, "eval_batch": 0},
-    "precision": {"mode": "auto"},
+    "precision": {"mode": "auto", "channels_last": "auto"},
     "logging": {"every_steps": 50},
 }
 
@@ -208,6 +210,13 @@ def main():
     require(images.size(1) == c["model"]["in_channels"], "model.in_channels differs from the data's channels")
     model = build_model(c["model"])
     model.train()
+    cl = c["precision"]["channels_last"]
+    require(cl in ("auto", "on", "off"), f"precision.channels_last {cl!r}")
+    widths = [m.out_channels for m in model.modules() if isinstance(m, nn.Conv2d)]
+    channels_last = cl == "on" or (cl == "auto" and bool(widths) and min(widths) >= 16
+                                   and torch.backends.mkldnn.is_available())
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    model = model.to(memory_format=memory_format)
     impl = {"default": {}, "foreach": {"foreach": True}, "fused": {"fused": True}}[a.optim_impl]
     # float(): YAML 1.1 reads "1e-4" (no dot) as a string; train reads it as a number.
     optimizer = torch.optim.SGD(param_groups(model, o), lr=float(o["lr"]), momentum=float(o["momentum"]),
@@ -225,7 +234,7 @@ def main():
             else torch.arange(images.size(0))
         for b in range(steps_per_epoch):
             index = order[b * batch:(b + 1) * batch]
-            x, y = images[index], labels[index]
+            x, y = images[index].contiguous(memory_format=memory_format), labels[index]
             optimizer.zero_grad()
             loss = F.cross_entropy(model(x), y)
             loss.backward()
@@ -248,7 +257,8 @@ def main():
     train_seconds = time.perf_counter() - started
 
     summary = {"impl": "python", "done": True, "steps": step, "threads": threads, "train_loss": last_loss,
-               "train_seconds": train_seconds, "torch": torch.__version__, "optim_impl": a.optim_impl}
+               "train_seconds": train_seconds, "torch": torch.__version__, "optim_impl": a.optim_impl,
+               "channels_last": channels_last}
     if not a.no_eval:
         val_x, val_y = load_split(c, train=False)
         model.eval()
@@ -256,7 +266,8 @@ def main():
         correct = 0
         with torch.no_grad():
             for i in range(0, val_x.size(0), eval_batch):
-                correct += (model(val_x[i:i + eval_batch]).argmax(1) == val_y[i:i + eval_batch]).sum().item()
+                x = val_x[i:i + eval_batch].contiguous(memory_format=memory_format)
+                correct += (model(x).argmax(1) == val_y[i:i + eval_batch]).sum().item()
         summary["accuracy"] = correct / val_x.size(0)
     print(json.dumps(summary), flush=True)
 

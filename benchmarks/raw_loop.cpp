@@ -10,9 +10,13 @@
 // loop would; --optim fused calls LibTorch's fused SGD kernel once per group and step (LibTorch
 // >= 2.4), as train's `optim.impl: auto` does on CPU. Weight decay follows train's make_optimizer: only on
 // tensors of 2+ dimensions (not biases and normalisation weights) unless optim.decay_norm_and_bias;
-// with weight_decay 0 all parameters are one group, as a hand-written loop has them. Output: the
+// with weight_decay 0 all parameters are one group, as a hand-written loop has them. The memory
+// format is the plan's: precision.channels_last on/off as given, auto = channels_last when this
+// LibTorch has oneDNN and every 2-D convolution has 16+ output channels (train's plan on a CPU,
+// libtrain/src/plan.cpp). Output: the
 // JSON lines of benchmarks/fit.py (one per logging window, in the shape of train's metrics.jsonl
 // records, then a summary with "done").
+#include <train/amp.h>
 #include <train/config.h>
 #include <train/data/idx.h>
 #include <train/models/model.h>
@@ -178,6 +182,16 @@ int run(const Args& a) {
   auto [images, labels] = load_split(c.data, /*train=*/true);
   auto model = train::models::make_model(c.model);
   model->train();
+  int64_t narrowest = 0;  // the fewest output channels of a convolution, as run.cpp finds them
+  for (const auto& module : model->modules()) {
+    if (const auto* conv = module->as<torch::nn::Conv2dImpl>()) {
+      narrowest = narrowest == 0 ? conv->options.out_channels() : std::min(narrowest, conv->options.out_channels());
+    }
+  }
+  const bool channels_last = c.precision.channels_last == "on" ||
+                             (c.precision.channels_last == "auto" && model->is_convolutional() && at::hasMKLDNN() &&
+                              narrowest >= 16);
+  if (channels_last) train::to_channels_last(*model);
   const auto sgd_options = [&](double weight_decay) {
     return torch::optim::SGDOptions(c.optim.lr).momentum(c.optim.momentum).nesterov(c.optim.nesterov).weight_decay(
         weight_decay);
@@ -202,7 +216,9 @@ int run(const Args& a) {
     const auto order = c.data.shuffle ? torch::randperm(n, generator, torch::kLong) : torch::arange(n);
     for (int64_t b = 0; b < steps_per_epoch && step < max_steps; ++b) {
       const auto index = order.slice(0, b * batch, (b + 1) * batch);
-      const auto x = images.index_select(0, index), y = labels.index_select(0, index);
+      auto x = images.index_select(0, index);
+      const auto y = labels.index_select(0, index);
+      if (channels_last && x.dim() == 4) x = x.contiguous(torch::MemoryFormat::ChannelsLast);
       fused ? fused_sgd.zero_grad() : torch_sgd.zero_grad();
       auto loss = torch::nn::functional::cross_entropy(model->forward(x), y);
       loss.backward();
@@ -235,16 +251,18 @@ int run(const Args& a) {
     const int64_t eval_batch = c.trainer.eval_batch > 0 ? c.trainer.eval_batch : batch;
     int64_t correct = 0;
     for (int64_t i = 0; i < val_x.size(0); i += eval_batch) {
-      const auto logits = model->forward(val_x.slice(0, i, i + eval_batch));
+      auto x = val_x.slice(0, i, i + eval_batch);
+      if (channels_last && x.dim() == 4) x = x.contiguous(torch::MemoryFormat::ChannelsLast);
+      const auto logits = model->forward(x);
       correct += logits.argmax(1).eq(val_y.slice(0, i, i + eval_batch)).sum().item<int64_t>();
     }
     accuracy = ", \"accuracy\": " + json_number(static_cast<double>(correct) / static_cast<double>(val_x.size(0)));
   }
   std::printf("{\"impl\": \"raw\", \"done\": true, \"steps\": %lld, \"threads\": %lld, \"train_loss\": %s, "
-              "\"train_seconds\": %s, \"optim_impl\": \"%s\", \"torch\": \"%d.%d.%d\"%s}\n",
+              "\"train_seconds\": %s, \"optim_impl\": \"%s\", \"channels_last\": %s, \"torch\": \"%d.%d.%d\"%s}\n",
               static_cast<long long>(step), static_cast<long long>(threads), json_number(last_loss).c_str(),
-              json_number(train_seconds).c_str(), a.optim.c_str(), TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR,
-              TORCH_VERSION_PATCH, accuracy.c_str());
+              json_number(train_seconds).c_str(), a.optim.c_str(), channels_last ? "true" : "false",
+              TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, TORCH_VERSION_PATCH, accuracy.c_str());
   return 0;
 }
 

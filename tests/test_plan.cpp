@@ -216,7 +216,22 @@ TEST_CASE("plan: precision and layout per device", "[plan]") {
   CHECK(make_plan(c, gpu_profile(6), conv).precision == "fp32");  // no tensor cores
   const Plan cpu = make_plan(c, cpu_profile(), conv);
   CHECK(cpu.precision == "fp32");
-  CHECK_FALSE(cpu.channels_last);
+  CHECK_FALSE(cpu.channels_last);  // no oneDNN
+  CHECK_THAT(cpu.to_text(), Catch::Contains("no oneDNN"));
+  DeviceProfile onednn = cpu_profile();
+  onednn.onednn = true;
+  PlanInputs wide = conv;
+  wide.narrowest_conv = 16;
+  CHECK(make_plan(c, onednn, wide).channels_last);
+  CHECK_THAT(make_plan(c, onednn, wide).to_text(), Catch::Contains("oneDNN's convolutions run on NHWC") &&
+                                                       Catch::Contains("16+ channels each"));
+  CHECK_FALSE(make_plan(c, cpu_profile(), wide).channels_last);  // no oneDNN
+  PlanInputs narrow = conv;
+  narrow.narrowest_conv = 6;  // LeNet
+  CHECK_FALSE(make_plan(c, onednn, narrow).channels_last);
+  CHECK_THAT(make_plan(c, onednn, narrow).to_text(), Catch::Contains("6 output channels would fill less than a 16-lane"));
+  CHECK_FALSE(make_plan(c, onednn, conv).channels_last);  // widths unknown
+  CHECK_FALSE(make_plan(c, onednn, PlanInputs{}).channels_last);  // not a conv net
   PlanInputs mlp;
   CHECK_FALSE(make_plan(c, gpu_profile(8), mlp).channels_last);
 

@@ -483,7 +483,7 @@ std::vector<Key> build_schema() {
                 "dynamic loss scaling (GradScaler); auto = on with fp16, off otherwise")
           .one_of({"auto", "dynamic", "off"}),
       precision("channels_last", &PrecisionConfig::channels_last,
-                "auto = channels_last for conv nets under mixed precision on a GPU")
+                "auto = channels_last for conv nets under mixed precision on a GPU, and on a CPU whose LibTorch has oneDNN when every convolution has 16+ output channels")
           .one_of({"auto", "on", "off"}),
 
       checkpoint("every_steps", &CheckpointConfig::every_steps,

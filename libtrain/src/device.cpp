@@ -290,6 +290,7 @@ DeviceProfile host_profile() {
   p.cpu_cores = available_cores();
   p.cpu_isa = cpu_isa("/proc/cpuinfo");
   p.blas = blas_in_use();
+  p.onednn = at::hasMKLDNN();
   p.visible_gpus = torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
 #ifdef TRAIN_WITH_CUDA
   p.cuda_version = std::to_string(CUDA_VERSION / 1000) + "." + std::to_string(CUDA_VERSION % 1000 / 10);

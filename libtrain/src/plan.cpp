@@ -341,11 +341,27 @@ Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInpu
     plan.channels_last = cl == "on";
     decide("channels_last", cl, "precision.channels_last");
   } else {
-    plan.channels_last = inputs.convolutional && device.is_cuda() && plan.precision != "fp32";
+    // On a CPU, oneDNN computes convolutions in NHWC (or blocked) layouts, vectorised over the
+    // channels: NCHW tensors are reordered around every convolution, but a convolution with fewer
+    // output channels than a 16-lane vector fills it only in part. Step time NCHW / NHWC on a 2-core
+    // Xeon (AVX-512): ResNet-50 224² 1.24x, the Fashion-MNIST example (16+ channels) 1.13x on
+    // LibTorch 1.13 and 1.17x on 2.11; LeNet (6 channels) 0.90x.
+    constexpr int64_t kCpuNhwcMinChannels = 16;
+    const bool gpu = device.is_cuda() && plan.precision != "fp32";
+    const bool cpu_onednn = !device.is_cuda() && device.onednn;
+    const bool cpu = cpu_onednn && inputs.narrowest_conv >= kCpuNhwcMinChannels;
+    plan.channels_last = inputs.convolutional && (gpu || cpu);
     decide("channels_last", plan.channels_last ? "on" : "off",
            !inputs.convolutional ? "not a convolutional model"
-           : plan.channels_last  ? "tensor-core convolutions run on NHWC without layout transposes"
-                                 : "NCHW: channels_last pays off with mixed precision on a GPU");
+           : gpu                 ? "tensor-core convolutions run on NHWC without layout transposes"
+           : cpu ? log::str("CPU: oneDNN's convolutions run on NHWC without reordering every activation (",
+                            inputs.narrowest_conv, "+ channels each)")
+           : device.is_cuda() ? "NCHW: channels_last pays off with mixed precision on a GPU"
+           : !cpu_onednn      ? "NCHW: this LibTorch has no oneDNN for CPU convolutions"
+           : inputs.narrowest_conv > 0
+               ? log::str("NCHW: a convolution with ", inputs.narrowest_conv, " output channels would fill less than a ",
+                          kCpuNhwcMinChannels, "-lane vector in NHWC")
+               : std::string("NCHW: the model's convolution widths are not known"));
   }
 
   // ---- CPU threads ----

@@ -116,6 +116,19 @@ bool store_or_warn(PlanCache& cache, const PlanCacheKey& key, const MemoryEviden
 
 // The largest micro-batch the plan could use: the per-rank batch in fixed mode; in scale mode the
 // per-rank share of the largest global batch it may grow to. Both within tuning.max_micro_batch.
+// The fewest output channels of the model's 2-D convolutions (torch::nn::Conv2d modules); 0 when
+// it has none (or computes its convolutions without such modules).
+int64_t narrowest_convolution(torch::nn::Module& model) {
+  int64_t narrowest = 0;
+  for (const auto& module : model.modules(/*include_self=*/true)) {
+    if (const auto* conv = module->as<torch::nn::Conv2dImpl>()) {
+      const int64_t out = conv->options.out_channels();
+      narrowest = narrowest == 0 ? out : std::min(narrowest, out);
+    }
+  }
+  return narrowest;
+}
+
 int64_t largest_useful_micro_batch(const Config& config, int world_size) {
   const int64_t ranks = std::max(1, world_size);
   int64_t largest = config.trainer.global_batch / ranks;
@@ -448,6 +461,7 @@ RunParts prepare_run_unlocated(const Config& config, const RunOptions& options) 
                                                                 : options.plan_world_size;
   inputs.model_params = models::count_parameters(*r.model);
   inputs.convolutional = r.model->is_convolutional();
+  inputs.narrowest_conv = narrowest_convolution(*r.model);
   inputs.static_shapes = !r.train || r.train->static_shapes();
   if (!inputs.static_shapes) inputs.varying_shapes = r.train->describe();
   // Precision and layout decide what the probe measures; the probe then bounds the micro-batch.

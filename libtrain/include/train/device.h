@@ -37,6 +37,7 @@ struct DeviceProfile {
   int cpu_cores = 1;              // cores available to this process (affinity + cgroup quota)
   std::string cpu_isa;            // e.g. "avx512f avx2"; "" when unknown
   std::string blas;               // BLAS library LibTorch calls on CPU
+  bool onednn = false;            // this LibTorch runs CPU convolutions with oneDNN (MKL-DNN)
   std::string torch_version;
   // CUDA toolkit train was compiled against (CUDA_VERSION; "" for CPU builds). LibTorch 2.x has no
   // call for its own build's CUDA version; `train doctor` shows both sides' labels.

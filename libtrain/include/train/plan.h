@@ -85,6 +85,7 @@ struct PlanInputs {
   int64_t local_world_size = 1;  // ranks sharing this host's cores
   int64_t model_params = 0;
   bool convolutional = false;    // conv nets: channels_last and cudnn.benchmark candidates
+  int64_t narrowest_conv = 0;    // the fewest output channels of a 2-D convolution (0: none known)
   bool static_shapes = true;     // every batch has the same input shape (data::Dataset::static_shapes)
   std::string varying_shapes;    // when not: the data whose shapes vary, for the reason
   MemoryEvidence memory;
