@@ -138,12 +138,12 @@ def run_one(spec, config, a, overrides):
     try:
         if impl == "train":
             lines = Path(run_dir, "metrics.jsonl").read_text().splitlines()
-            channels_last = json.loads(Path(run_dir, "plan.json").read_text())["channels_last"]
         else:
             lines = out.stdout.splitlines()
         records, summary = parse_records(lines)
-        if impl != "train":
-            channels_last = summary.get("channels_last")
+        # The memory format each side ran: train's from its plan, the others' from their summary.
+        channels_last = (json.loads(Path(run_dir, "plan.json").read_text())["channels_last"] if impl == "train"
+                         else summary.get("channels_last"))
     finally:
         if run_dir:
             shutil.rmtree(run_dir, ignore_errors=True)

@@ -218,15 +218,15 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
     ::close(fd);
     throw DataError(path + ": not a regular file");
   }
-  size_ = static_cast<size_t>(info.st_size);
-  const std::string found = std::to_string(size_) + " bytes";
-  if (size_ < sizeof kTokenFileMagic) {
+  const auto size = static_cast<size_t>(info.st_size);
+  const std::string found = std::to_string(size) + " bytes";
+  if (size < sizeof kTokenFileMagic) {
     ::close(fd);
     throw DataError(path + ": truncated token file: " + found + ", shorter than the " +
                     std::to_string(kTokenFileHeaderBytes) + "-byte header");
   }
   try {
-    mapped_ = files::MappedFile(fd, size_, path);
+    mapped_ = files::MappedFile(fd, size, path);
   } catch (const Error& e) {
     ::close(fd);
     throw DataError(e.what());
@@ -237,12 +237,12 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
   // validated is a DataError too.
   auto fail = [&](const std::string& problem) { throw DataError(path + ": " + problem); };
   uint8_t header[kTokenFileHeaderBytes] = {};
-  read_at(0, header, std::min(size_, sizeof header));
+  read_at(0, header, std::min(size, sizeof header));
   const uint8_t* data = header;
   if (std::memcmp(data, kTokenFileMagic, sizeof kTokenFileMagic) != 0) {
     fail("not a token file (bad magic; expected \"TRAINTOK\")");
   }
-  if (size_ < static_cast<size_t>(kTokenFileHeaderBytes)) {
+  if (size < static_cast<size_t>(kTokenFileHeaderBytes)) {
     fail("truncated token file: " + found + ", shorter than the " + std::to_string(kTokenFileHeaderBytes) +
          "-byte header");
   }
@@ -277,8 +277,8 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
          " tokens of " + std::to_string(token_bytes) + " bytes put the index at " + std::to_string(expected_index));
   }
   const uint64_t expected_size = expected_index + 8 * (num_documents + 1);
-  if (size_ != expected_size) {
-    fail(std::string(size_ < expected_size ? "truncated" : "trailing data") + ": the header declares " +
+  if (size != expected_size) {
+    fail(std::string(size < expected_size ? "truncated" : "trailing data") + ": the header declares " +
          std::to_string(num_tokens) + " tokens in " + std::to_string(num_documents) + " documents, so expected " +
          std::to_string(expected_size) + " bytes, found " + found);
   }
@@ -433,8 +433,8 @@ int64_t TokenFile::find_document(int64_t position, int64_t separators) const {
 void TokenFile::verify() const {
   uint64_t actual = kFnvOffsetBasis;
   std::vector<uint8_t> chunk(size_t{1} << 20);
-  for (auto at = static_cast<size_t>(kTokenFileHeaderBytes); at < size_;) {
-    const size_t n = std::min(chunk.size(), size_ - at);
+  for (auto at = static_cast<size_t>(kTokenFileHeaderBytes); at < mapped_.size();) {
+    const size_t n = std::min(chunk.size(), mapped_.size() - at);
     read_at(at, chunk.data(), n);
     actual = fnv1a(actual, chunk.data(), n);
     at += n;

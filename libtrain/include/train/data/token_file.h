@@ -164,8 +164,7 @@ class TokenFile {
   void read_at(uint64_t offset, uint8_t* out, size_t bytes) const;
 
   std::string path_;
-  files::MappedFile mapped_;
-  size_t size_ = 0;
+  files::MappedFile mapped_;  // the whole file
   int token_bytes_ = 0;
   int64_t num_tokens_ = 0;
   int64_t num_documents_ = 0;
