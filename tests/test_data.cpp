@@ -661,6 +661,69 @@ TEST_CASE("start() resumes exactly at a position without loading earlier batches
   CHECK_THROWS_AS(sync_loader.start({1, 6}), train::Error);
 }
 
+// Polls `done` for up to 10 s; true once it holds.
+template <typename Done>
+bool eventually(Done done) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
+}
+
+TEST_CASE("Loader workers build the next epoch's first batches before it starts, and start() keeps them",
+          "[data]") {
+  // 6 batches of 4 per epoch; 2 workers x prefetch 2 hold 4 batches ahead.
+  const auto dataset = std::make_shared<IndexDataset>(24);
+  LoaderOptions options = index_options(4, /*workers=*/2);
+  options.epochs = 2;
+  Loader reference_loader(std::make_shared<IndexDataset>(24), index_options(4));
+
+  Loader loader(dataset, options);
+  check_same_batches(run_epoch(loader, {0, 0}), run_epoch(reference_loader, {0, 0}));
+  CHECK(loader.position().epoch == 0);
+  CHECK(loader.position().batch == 6);
+  // Epoch 0 is read; its end did not stop the workers: 4 batches of epoch 1 get built.
+  CHECK(eventually([&] { return dataset->gets == 24 + 16; }));
+
+  // Starting epoch 1 uses them (nothing is loaded twice), and the batches are epoch 1's.
+  check_same_batches(run_epoch(loader, {1, 0}), run_epoch(reference_loader, {1, 0}));
+  CHECK(dataset->gets == 48);
+  // options.epochs = 2: nothing of epoch 2 is built in advance.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK(dataset->gets == 48);
+  // Reading it anyway works.
+  check_same_batches(run_epoch(loader, {2, 0}), run_epoch(reference_loader, {2, 0}));
+
+  // A start() a little ahead of delivery (within what is being built) drops the batches between.
+  Loader ahead(std::make_shared<IndexDataset>(24, -1, /*jitter=*/true), options);
+  ahead.start({0, 0});
+  REQUIRE(ahead.next().has_value());
+  const std::vector<Batch> rest = run_epoch(ahead, {0, 3});
+  const std::vector<Batch> full = run_epoch(reference_loader, {0, 0});
+  check_same_batches(rest, std::vector<Batch>(full.begin() + 3, full.end()));
+  // And one behind it starts afresh.
+  check_same_batches(run_epoch(ahead, {0, 1}), std::vector<Batch>(full.begin() + 1, full.end()));
+}
+
+TEST_CASE("A sample skipped in a batch built ahead counts when that batch is delivered", "[data]") {
+  const auto dataset = std::make_shared<IndexDataset>(24, /*throw_at=*/7);
+  LoaderOptions options = index_options(4, /*workers=*/2);
+  options.on_error = OnError::Skip;
+  options.shuffle = false;  // sample 7 is in batch 1 of every epoch
+  Loader loader(dataset, options);
+  run_epoch(loader, {0, 0});
+  // Epoch 0: 24 gets and sample 8 again in place of 7; then batches 0 to 3 of epoch 1 are built
+  // ahead, with the same substitution.
+  CHECK(eventually([&] { return dataset->gets == 25 + 17; }));
+  CHECK(loader.skipped() == 1);
+  CHECK(loader.skipped_samples() == std::set<std::pair<int64_t, int64_t>>{{0, 7}});
+  run_epoch(loader, {1, 0});
+  CHECK(loader.skipped() == 2);
+  CHECK(loader.skipped_samples() == std::set<std::pair<int64_t, int64_t>>{{0, 7}, {1, 7}});
+}
+
 TEST_CASE("A failing sample surfaces from next() with its index", "[data]") {
   for (int64_t workers : {0, 1, 3}) {
     INFO("workers " << workers);

@@ -283,6 +283,8 @@ struct Trainer::Impl {
     lo.drop_last = true;
     lo.workers = plan.workers;
     lo.prefetch = plan.prefetch;
+    // Workers read ahead into the next epoch, but not past the run's last one.
+    lo.epochs = plan.steps_per_epoch > 0 ? (plan.total_steps + plan.steps_per_epoch - 1) / plan.steps_per_epoch : 0;
     lo.seed = static_cast<uint64_t>(config.trainer.seed);
     lo.pin_memory = plan.pin_memory;
     lo.rank = plan.rank;
@@ -726,6 +728,7 @@ EvalResult Trainer::evaluate() {
   lo.batch_size = s.config.trainer.eval_batch > 0 ? s.config.trainer.eval_batch : s.plan.micro_batch;
   lo.shuffle = false;
   lo.drop_last = false;
+  lo.epochs = 1;  // one pass: no reading ahead into a second
   lo.workers = s.plan.workers;
   lo.prefetch = s.plan.prefetch;
   lo.pin_memory = s.plan.pin_memory;

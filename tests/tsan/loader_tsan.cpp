@@ -102,6 +102,21 @@ int main() {
       drain(loader);
     }
     {
+      // Epoch after epoch: the workers run ahead across each boundary and start() keeps them;
+      // a start() a little ahead drops what lies between.
+      Loader loader(tokens, options);
+      int64_t samples = 0;
+      for (int64_t epoch = 0; epoch < 3; ++epoch) {
+        loader.start({epoch, 0});
+        samples += drain(loader);
+      }
+      expect(samples == 3 * tokens->size(), "three epochs read back to back deliver every sample thrice");
+      loader.start({3, 0});
+      loader.next();
+      loader.start({3, 2});
+      drain(loader);
+    }
+    {
       Loader abandoned(tokens, options);
       abandoned.start({0, 0});
     }

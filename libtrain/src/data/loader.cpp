@@ -1,12 +1,16 @@
 // Loader: sampler order (shuffle + distributed sharding), batching, and the worker threads.
 //
-// Concurrency scheme. The batches of an epoch are numbered; worker w builds batches
-// first + w, first + w + workers, ... (round-robin from the start position) and stores each one
-// in slot (batch % capacity) of a ring of capacity = workers * prefetch. A worker may only start
-// batch b once b < next + capacity, where `next` is the next batch the caller will receive, so
-// at most `capacity` batches are in flight and slots never collide. next() waits for its slot,
-// takes the batch and frees the slot. The worker owning batch `next` has already finished its
-// earlier (smaller) batches, so it is never blocked by capacity: no deadlock.
+// Concurrency scheme. Batches are numbered across epochs (batch b of epoch e is number
+// e * batches_per_epoch + b), so workers run on past the end of an epoch into the next one and an
+// epoch boundary does not drain the pipeline. Worker w builds numbers first + w,
+// first + w + workers, ... (round-robin from the start position) and stores each one in slot
+// (number % capacity) of a ring of capacity = workers * prefetch. A worker may only start number
+// n once n < next + capacity, where `next` is the number the caller receives next, so at most
+// `capacity` batches are in flight and slots never collide. next() waits for its slot, takes the
+// batch and frees the slot. The worker owning `next` has already finished its earlier (smaller)
+// numbers, so it is never blocked by capacity: no deadlock. start() at a position the workers
+// are already building towards (the next epoch, once this one is read) keeps them; any other
+// position stops them and starts afresh.
 #include <train/data/loader.h>
 #include <train/data/transforms.h>
 #include <train/config.h>
@@ -22,6 +26,10 @@
 #include <chrono>
 #include <condition_variable>
 #include <exception>
+#include <iterator>
+#include <limits>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <numeric>
 #include <set>
@@ -95,6 +103,7 @@ void validate(const LoaderOptions& options) {
   require(options.prefetch >= 1 && options.prefetch <= limits::kMaxPrefetch,
           "prefetch must be in [1, " + std::to_string(limits::kMaxPrefetch) + "], got " +
               std::to_string(options.prefetch));
+  require(options.epochs >= 0, "epochs must be >= 0 (0: no bound)");
   require(options.world_size >= 1, "world_size must be >= 1");
   require(options.rank >= 0 && options.rank < options.world_size,
           "rank must be in [0, world_size)");
@@ -141,10 +150,12 @@ struct Skip {
 struct Loaded {
   Batch batch;
   std::vector<Skip> skips;
+  int64_t epoch = 0;
 };
 
 // A batch slot of the ring: empty, a batch, or the error raised while building it.
 struct Slot {
+  int64_t number = -1;  // the batch's number across epochs (Loader::Impl)
   std::optional<Loaded> loaded;
   std::exception_ptr error;
   bool ready() const { return loaded.has_value() || error != nullptr; }
@@ -156,20 +167,25 @@ struct Loader::Impl {
   DatasetPtr dataset;
   LoaderOptions options;
   bool pin_memory = false;  // options.pin_memory and a CUDA device is present
-
-  // Epoch plan: fixed while workers run (they only read it).
-  int64_t epoch = 0;
-  std::vector<int64_t> order;  // this rank's sample indices for the epoch
   int64_t num_batches = 0;
-  bool started = false;
+  // Batches are numbered across epochs: batch b of epoch e is number e * num_batches + b. Workers
+  // build numbers below `limit` only (set by start() while no worker runs).
+  int64_t limit = 0;
 
   // Delivery state, guarded by `mutex`.
   std::mutex mutex;
   std::condition_variable slot_filled;  // a worker stored a batch: wakes next()
-  std::condition_variable slot_freed;   // next() took a batch, or stopping: wakes workers
-  int64_t next_batch = 0;
+  std::condition_variable slot_freed;   // next() took a batch, start() moved on, or stopping: wakes workers
+  int64_t epoch = 0;       // the epoch next() delivers from
+  int64_t next_batch = 0;  // the batch of that epoch next() delivers
+  bool started = false;
   std::vector<Slot> slots;
   bool stopping = false;
+
+  // Sample orders by epoch, built on first use by whichever thread needs one (a few recent ones
+  // are kept), guarded by `orders_mutex`.
+  mutable std::mutex orders_mutex;
+  mutable std::map<int64_t, std::shared_ptr<const std::vector<int64_t>>> orders;
 
   std::vector<std::thread> threads;
   double wait_seconds = 0.0;
@@ -179,24 +195,41 @@ struct Loader::Impl {
   std::vector<std::string> skip_messages;
 
   int64_t capacity() const { return options.workers * options.prefetch; }
+  int64_t next_number() const { return epoch * num_batches + next_batch; }
 
   int64_t batch_count(int64_t samples) const {
     return options.drop_last ? samples / options.batch_size
                              : (samples + options.batch_size - 1) / options.batch_size;
   }
 
-  Example get(int64_t index) const {
-    return dataset->get(index, sample_seed(options.seed, epoch, index));
+  std::shared_ptr<const std::vector<int64_t>> order_of(int64_t e) const {
+    std::lock_guard<std::mutex> lock(orders_mutex);
+    auto found = orders.find(e);
+    if (found != orders.end()) return found->second;
+    auto order = std::make_shared<const std::vector<int64_t>>(epoch_order(dataset->size(), options, e));
+    orders.emplace(e, order);
+    constexpr size_t kKeptOrders = 3;  // the epoch being delivered, the next one, and a rewind's
+    while (orders.size() > kKeptOrders) {
+      // Drop the one furthest from e: an old epoch, or after a rewind a future one.
+      auto first = orders.begin();
+      auto last = std::prev(orders.end());
+      orders.erase(e - first->first >= last->first - e ? first : last);
+    }
+    return order;
+  }
+
+  Example get(int64_t e, int64_t index) const {
+    return dataset->get(index, sample_seed(options.seed, e, index));
   }
 
   // OnError::Skip: the first of index + 1, index + 2, ... (wrapping) that loads. Rethrows the
   // original error (in flight in the caller's catch) with `context` when none does.
-  Example substitute(int64_t index, const std::string& context) const {
+  Example substitute(int64_t e, int64_t index, const std::string& context) const {
     const int64_t size = dataset->size();
     const int64_t attempts = std::min(size - 1, kMaxSubstituteAttempts);
     for (int64_t step = 1; step <= attempts; ++step) {
       try {
-        return get((index + step) % size);
+        return get(e, (index + step) % size);
       } catch (...) {
       }
     }
@@ -211,12 +244,12 @@ struct Loader::Impl {
 
   // The dataset's one-pass batch of order[begin, end), if it has that path. Any error there
   // sends the batch down the per-sample path, which names (or skips) the sample at fault.
-  std::optional<Batch> whole_batch(size_t begin, size_t end) const {
+  std::optional<Batch> whole_batch(int64_t e, const std::vector<int64_t>& order, size_t begin, size_t end) const {
     std::vector<int64_t> indices(order.begin() + static_cast<std::ptrdiff_t>(begin),
                                  order.begin() + static_cast<std::ptrdiff_t>(end));
     std::vector<uint64_t> seeds;
     seeds.reserve(indices.size());
-    for (const int64_t index : indices) seeds.push_back(sample_seed(options.seed, epoch, index));
+    for (const int64_t index : indices) seeds.push_back(sample_seed(options.seed, e, index));
     try {
       return dataset->get_batch(indices, seeds, pin_memory);
     } catch (...) {
@@ -224,24 +257,26 @@ struct Loader::Impl {
     }
   }
 
-  // Loads and collates batch `b` of the current epoch. Errors carry the sample or batch index.
-  Loaded load_batch(int64_t b) const {
+  // Loads and collates batch `b` of epoch `e`. Errors carry the sample or batch index.
+  Loaded load_batch(int64_t e, int64_t b) const {
+    const std::shared_ptr<const std::vector<int64_t>> order_holder = order_of(e);
+    const std::vector<int64_t>& order = *order_holder;
     const auto begin = static_cast<size_t>(b * options.batch_size);
     const size_t end = std::min(order.size(), begin + static_cast<size_t>(options.batch_size));
-    if (std::optional<Batch> whole = whole_batch(begin, end)) return Loaded{std::move(*whole), {}};
+    if (std::optional<Batch> whole = whole_batch(e, order, begin, end)) return Loaded{std::move(*whole), {}, e};
     std::vector<Example> examples;
     examples.reserve(end - begin);
     std::vector<Skip> skips;
     for (size_t i = begin; i < end; ++i) {
       const int64_t index = order[i];
       try {
-        examples.push_back(get(index));
+        examples.push_back(get(e, index));
       } catch (...) {
         const std::string context = "loading sample " + std::to_string(index) + " (batch " +
-                                    std::to_string(b) + " of epoch " + std::to_string(epoch) + ")";
+                                    std::to_string(b) + " of epoch " + std::to_string(e) + ")";
         if (options.on_error == OnError::Raise) rethrow_with_context(context);
         skips.push_back(Skip{index, context + ": " + current_error_message()});
-        examples.push_back(substitute(index, context));
+        examples.push_back(substitute(e, index, context));
       }
     }
     try {
@@ -250,32 +285,36 @@ struct Loader::Impl {
         batch.input = batch.input.pin_memory();
         batch.target = batch.target.pin_memory();
       }
-      return Loaded{std::move(batch), std::move(skips)};
+      return Loaded{std::move(batch), std::move(skips), e};
     } catch (...) {
-      rethrow_with_context("collating batch " + std::to_string(b) + " of epoch " +
-                           std::to_string(epoch));
+      rethrow_with_context("collating batch " + std::to_string(b) + " of epoch " + std::to_string(e));
     }
   }
 
+  // Worker w builds batch numbers first, first + workers, ...: past the end of the epoch being
+  // delivered into the next ones, so that an epoch boundary does not drain the pipeline.
   void worker_loop(int64_t first) {
-    for (int64_t b = first; b < num_batches; b += options.workers) {
+    for (int64_t n = first; n < limit; n += options.workers) {
       {
         std::unique_lock<std::mutex> lock(mutex);
-        slot_freed.wait(lock, [&] { return stopping || b < next_batch + capacity(); });
+        slot_freed.wait(lock, [&] { return stopping || n < next_number() + capacity(); });
         if (stopping) return;
+        if (n < next_number()) continue;  // start() moved delivery past it
       }
       Slot result;
+      result.number = n;
       try {
-        result.loaded = load_batch(b);
+        result.loaded = load_batch(n / num_batches, n % num_batches);
       } catch (...) {
         result.error = std::current_exception();
       }
       {
         std::lock_guard<std::mutex> lock(mutex);
         if (stopping) return;
-        slots[static_cast<size_t>(b % capacity())] = std::move(result);
+        if (n < next_number()) continue;  // start() moved past it while it was built
+        slots[static_cast<size_t>(n % capacity())] = std::move(result);
       }
-      slot_filled.notify_one();
+      slot_filled.notify_all();
     }
   }
 
@@ -292,17 +331,31 @@ struct Loader::Impl {
   }
 
   void start(LoaderPosition position) {
-    stop_workers();
-    if (position.epoch != epoch || !started) {  // a resume within the epoch keeps its order
-      order = epoch_order(dataset->size(), options, position.epoch);
-      epoch = position.epoch;
+    const int64_t target = position.epoch * num_batches + position.batch;
+    // Workers stop at the end of the last epoch the caller said it reads (or of this one).
+    const int64_t end = options.epochs > 0 ? std::max(options.epochs, position.epoch + 1) * num_batches
+                                           : std::numeric_limits<int64_t>::max();
+    if (!threads.empty() && end == limit && target >= next_number() && target < next_number() + capacity()) {
+      // Forward within what the workers are building (the next epoch after this one ends, or a
+      // few batches on): keep them and the batches they have built from `target` on.
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        for (int64_t n = next_number(); n < target; ++n) slots[static_cast<size_t>(n % capacity())] = Slot{};
+        epoch = position.epoch;
+        next_batch = position.batch;
+      }
+      slot_freed.notify_all();
+      return;
     }
-    started = true;
+    stop_workers();
+    epoch = position.epoch;
     next_batch = position.batch;
-    if (options.workers == 0) return;
+    limit = end;
+    started = true;
+    if (options.workers == 0 || num_batches == 0) return;
     slots.assign(static_cast<size_t>(capacity()), Slot{});
-    for (int64_t w = 0; w < options.workers && next_batch + w < num_batches; ++w) {
-      threads.emplace_back(&Impl::worker_loop, this, next_batch + w);
+    for (int64_t w = 0; w < options.workers && target + w < limit; ++w) {
+      threads.emplace_back(&Impl::worker_loop, this, target + w);
     }
   }
 
@@ -310,7 +363,7 @@ struct Loader::Impl {
   // once per epoch.
   Batch deliver(Loaded&& loaded) {
     for (Skip& skip : loaded.skips) {
-      if (!skipped.emplace(epoch, skip.index).second) continue;
+      if (!skipped.emplace(loaded.epoch, skip.index).second) continue;
       if (skip_messages.size() >= kLoggedSkips) continue;
       log::warn("data.on_error skip: " + skip.message + "; replaced by the next sample that loads");
       skip_messages.push_back(std::move(skip.message));
@@ -324,20 +377,21 @@ struct Loader::Impl {
   std::optional<Batch> next() {
     if (!started) start(LoaderPosition{});  // next() without start() reads epoch 0 from its start
     if (next_batch >= num_batches) return std::nullopt;
-    if (options.workers == 0) {
-      Loaded loaded = load_batch(next_batch);
+    if (threads.empty()) {
+      Loaded loaded = load_batch(epoch, next_batch);
       ++next_batch;
       return deliver(std::move(loaded));
     }
-    Slot& slot = slots[static_cast<size_t>(next_batch % capacity())];
+    const int64_t number = next_number();
+    Slot& slot = slots[static_cast<size_t>(number % capacity())];
     std::optional<Loaded> loaded;
     {
       std::unique_lock<std::mutex> lock(mutex);
-      slot_filled.wait(lock, [&] { return slot.ready(); });
+      slot_filled.wait(lock, [&] { return slot.ready() && slot.number == number; });
       // The error stays in its slot: calling next() again reports it again instead of skipping.
       if (slot.error) std::rethrow_exception(slot.error);
       loaded = std::move(slot.loaded);
-      slot.loaded.reset();
+      slot = Slot{};
       ++next_batch;
     }
     slot_freed.notify_all();

@@ -4,7 +4,10 @@
 // Workers are threads. Each batch is assembled by one worker (get() for each index, then
 // collate) into a bounded queue; the caller receives batches strictly in sampler order, so the
 // stream of batches is identical for any worker count given the seed. A worker's exception is
-// re-raised in the caller by next(), naming the sample index.
+// re-raised in the caller by next(), naming the sample index. Workers do not stop at the end of
+// an epoch: they go on building the next epoch's first batches (up to LoaderOptions::epochs), and
+// start() of that epoch keeps them, so that an epoch boundary, or an evaluation between epochs,
+// does not leave the caller waiting for a whole batch.
 //
 // With on_error = Skip, a sample whose get() throws (a corrupt JPEG, a truncated record) is
 // replaced in its batch by the next sample in dataset index order that loads: index + 1, + 2, ...
@@ -38,6 +41,9 @@ struct LoaderOptions {
   bool drop_last = true;
   int64_t workers = 0;        // 0 = load in the calling thread
   int64_t prefetch = 2;       // batches in flight per worker
+  // Epochs the caller reads (0: no bound): workers build no batch of a later epoch in advance.
+  // start() of a later epoch still works (its own epoch is then the bound).
+  int64_t epochs = 0;
   uint64_t seed = 0;
   bool pin_memory = false;    // collate into page-locked memory (CUDA builds only)
   int64_t rank = 0;           // shard of the dataset this process reads
