@@ -1,7 +1,7 @@
 // Images per second of an ImageFolder training pipeline (decode, RandomResizedCrop, flip,
 // normalise, collate into batches): the C++ side of benchmarks/compare_loader.py, runnable alone.
 //
-//   bench_loader --folder DIR --batch 64 --workers N --seconds S --json [--impl IMPL] [--size 224]
+//   bench_loader --folder DIR --batch 64 --workers N --seconds S --json [--impl IMPL] [--size 224] [--uint8 1]
 //
 // DIR is the training split (one subdirectory per class). IMPL:
 //   train       train's Loader: worker threads, batches decoded and resampled straight into one
@@ -44,13 +44,14 @@ struct Args {
   int64_t workers = 2;
   int64_t size = 224;
   int64_t warmup = 1;
+  bool uint8 = false;  // uint8 batches, normalised later on the device (data.uint8)
   double seconds = 10.0;
 };
 
 [[noreturn]] void usage(const std::string& problem) {
   std::cerr << "bench_loader: " << problem
             << "\nusage: bench_loader --folder DIR [--impl train|torch-data|decode] [--batch 64] "
-               "[--workers N] [--seconds S] [--size 224] [--warmup BATCHES] [--json]\n";
+               "[--workers N] [--seconds S] [--size 224] [--warmup BATCHES] [--uint8 0|1] [--json]\n";
   std::exit(2);
 }
 
@@ -69,6 +70,7 @@ Args parse(int argc, char** argv) {
       else if (k == "--seconds") a.seconds = std::stod(v);
       else if (k == "--size") a.size = std::stoll(v);
       else if (k == "--warmup") a.warmup = std::stoll(v);
+      else if (k == "--uint8") a.uint8 = std::stoll(v) != 0;
       else usage("unknown argument " + k);
     } catch (const std::logic_error&) {
       usage(k + ": not a number: " + v);
@@ -86,8 +88,11 @@ std::shared_ptr<const train::data::ImageFolderDataset> make_folder(const Args& a
   o.split = train::data::Split::Train;
   o.image_size = a.size;
   o.random_flip = true;
-  o.mean = {0.485, 0.456, 0.406};
-  o.stddev = {0.229, 0.224, 0.225};
+  o.uint8 = a.uint8;
+  if (!a.uint8) {
+    o.mean = {0.485, 0.456, 0.406};
+    o.stddev = {0.229, 0.224, 0.225};
+  }
   return std::make_shared<const train::data::ImageFolderDataset>(o);
 }
 

@@ -159,6 +159,32 @@ TEST_CASE("plan: schedule arithmetic on the largest values the config allows nei
   CHECK(p.warmup_steps == 100);
 }
 
+TEST_CASE("plan: image batches travel as uint8 to a GPU, and as normalised floats on a CPU", "[plan]") {
+  Config c = base_config(64);
+  c.data.kind = "image_folder";
+  const Plan gpu = make_plan(c, gpu_profile(8), {});
+  CHECK(gpu.uint8_batches);
+  CHECK(resolve_uint8_batches(c, gpu_profile(7)));
+  CHECK_THAT(gpu.to_text(), Catch::Contains("uint8_batches") && Catch::Contains("a quarter of the bytes"));
+  CHECK_THAT(gpu.to_json(), Catch::Contains("\"uint8_batches\":true"));
+  const Plan cpu = make_plan(c, cpu_profile(), {});
+  CHECK_FALSE(cpu.uint8_batches);
+  CHECK_THAT(cpu.to_text(), Catch::Contains("the loader's workers normalise"));
+  // What the config sets wins, with the key as the reason.
+  c.data.uint8 = "on";
+  const Plan forced = make_plan(c, cpu_profile(), {});
+  CHECK(forced.uint8_batches);
+  CHECK_THAT(forced.to_text(), Catch::Contains("data.uint8"));
+  c.data.uint8 = "off";
+  CHECK_FALSE(make_plan(c, gpu_profile(8), {}).uint8_batches);
+  // Other data has no uint8 form: auto is off, and the plan does not list the decision.
+  Config tokens = base_config(64);
+  tokens.data.kind = "tokens";
+  const Plan token_plan = make_plan(tokens, gpu_profile(8), {});
+  CHECK_FALSE(token_plan.uint8_batches);
+  CHECK_THAT(token_plan.to_text(), !Catch::Contains("uint8_batches"));
+}
+
 TEST_CASE("plan: text and JSON carry every decision", "[plan]") {
   const Plan p = make_plan(base_config(64), cpu_profile(), {});
   const std::string text = p.to_text();

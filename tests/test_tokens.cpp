@@ -886,7 +886,7 @@ TEST_CASE("data.kind: tokens builds MLM datasets from the config", "[data][token
   CHECK_THAT(config_error("data: {kind: tokens, seq_len: 2}\n"), Contains("key 'data.seq_len'"));
   CHECK_THAT(config_error("data: {kind: tokens, mask_prob: 0}\n"), Contains("key 'data.mask_prob'"));
   CHECK_THAT(config_error("data: {kind: tokens, cls_id: -2}\n"), Contains("key 'data.cls_id'"));
-  CHECK_THAT(config_error("data: {kind: tokens, uint8: true}\n"),
+  CHECK_THAT(config_error("data: {kind: tokens, uint8: on}\n"),
              Contains("key 'data.uint8'") && Contains("only image_folder"));
   CHECK_THAT(config_error("data: {kind: tokens, on_error: ignore}\n"),
              Contains("key 'data.on_error'") && Contains("raise, skip"));

@@ -299,8 +299,9 @@ std::vector<Key> build_schema() {
            "skip = replace it by the next sample that loads, count and log it")
           .one_of({"raise", "skip"}),
       data("uint8", &D::uint8,
-           "image_folder: deliver uint8 batches; mean / std are applied on the device "
-           "(normalize_on_device)"),
+           "image_folder: deliver uint8 batches (a quarter of the bytes to copy, no float conversion in the "
+           "loader) and apply mean / std on the device (normalize_on_device); auto = on when training on a GPU")
+          .one_of({"auto", "on", "off"}),
       data("train_tokens", &D::train_tokens,
            "tokens: training token file (format in train/data/token_file.h); relative to root"),
       data("val_tokens", &D::val_tokens, "tokens: validation token file; relative to root"),
@@ -1183,7 +1184,7 @@ Config ConfigBuilder::validated() const {
   if ((data.kind == "idx" || data.kind == "image_folder" || data.kind == "tsv") && data.root.empty())
     fail(where_set("data.root"), "data.root",
          "required when data.kind is '" + data.kind + "' (the directory with the dataset files)");
-  if (data.uint8 && data.kind != "image_folder")
+  if (data.uint8 == "on" && data.kind != "image_folder")
     fail(where_set("data.uint8"), "data.uint8",
          "only image_folder delivers uint8 batches; data.kind is '" + data.kind + "'");
   if (data.mask_token_prob + data.random_token_prob > 1.0 + 1e-9) {

@@ -397,10 +397,24 @@ Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInpu
     }
     decide("workers", std::to_string(plan.workers), reason);
   }
+  plan.uint8_batches = resolve_uint8_batches(config, device);
+  if (config.data.kind == "image_folder") {
+    decide("uint8_batches", plan.uint8_batches ? "on" : "off",
+           config.data.uint8 != "auto" ? std::string("data.uint8")
+           : plan.uint8_batches
+               ? std::string("images cross to the GPU as bytes, a quarter of the bytes to pin and copy, and the "
+                             "loader skips the float conversion; mean/std applied on the GPU")
+               : std::string("CPU training: the loader's workers normalise, not the training thread"));
+  }
   decide("pin_memory", plan.pin_memory ? "on" : "off",
          plan.pin_memory ? "page-locked buffers; each batch is copied on a side stream while the previous one computes"
                           : "no GPU");
   return plan;
+}
+
+bool resolve_uint8_batches(const Config& config, const DeviceProfile& device) {
+  if (config.data.uint8 != "auto") return config.data.uint8 == "on";
+  return config.data.kind == "image_folder" && device.is_cuda();
 }
 
 void finalize_schedule(Plan& plan, const Config& config, int64_t train_samples) {
@@ -554,6 +568,7 @@ std::string Plan::to_json() const {
       .add("max_workers", max_workers)
       .add("prefetch", prefetch)
       .add("pin_memory", pin_memory)
+      .add("uint8_batches", uint8_batches)
       .add("model_params", model_params)
       .add("memory_fixed_bytes", memory.fixed_bytes)
       .add("memory_per_sample_bytes", memory.per_sample_bytes)

@@ -424,8 +424,10 @@ RunParts prepare_run_unlocated(const Config& config, const RunOptions& options) 
       r.train = options.train_data;
       r.val = options.val_data;
     } else {
-      r.train = data::make_dataset(config.data, data::Split::Train);
-      r.val = data::make_dataset(config.data, data::Split::Val);
+      DataConfig data_config = config.data;  // with data.uint8 resolved for this device
+      data_config.uint8 = resolve_uint8_batches(config, r.device) ? "on" : "off";
+      r.train = data::make_dataset(data_config, data::Split::Train);
+      r.val = data::make_dataset(data_config, data::Split::Val);
     }
     shape = r.train->input_shape();
     num_classes = r.train->num_classes();

@@ -625,7 +625,7 @@ struct Trainer::Impl {
   }
   // data.uint8: images travel as bytes (4x less to copy) and are normalised where they compute.
   data::Batch normalized(data::Batch b) const {
-    if (!config.data.uint8 || b.input.scalar_type() != torch::kByte) return b;
+    if (!plan.uint8_batches || b.input.scalar_type() != torch::kByte) return b;
     return data::normalize_on_device(b, config.data.mean, config.data.std);
   }
 

@@ -85,7 +85,9 @@ struct DataConfig {
   int64_t workers = -1;          // loader worker threads; -1 = let the plan decide
   int64_t prefetch = 2;          // batches prefetched per worker
   std::string on_error = "raise";  // raise | skip: a sample that fails to load stops the run / is replaced
-  bool uint8 = false;            // image_folder: uint8 batches, normalised on the device (normalize_on_device)
+  // image_folder: uint8 batches, normalised on the device (normalize_on_device): on | off | auto
+  // (the plan: on when training on a GPU; data::make_dataset alone reads auto as off).
+  std::string uint8 = "auto";
   // tokens (train/data/tokens.h): relative paths are taken in root
   std::string train_tokens = "train.tokens";
   std::string val_tokens = "val.tokens";

@@ -71,6 +71,7 @@ struct Plan {
   int64_t max_workers = 0;
   int64_t prefetch = 2;
   bool pin_memory = false;
+  bool uint8_batches = false;    // image_folder batches travel as uint8 and are normalised on the device
   int64_t model_params = 0;
   MemoryEvidence memory;
   std::vector<PlanDecision> decisions;
@@ -100,6 +101,10 @@ MemoryEvidence with_current_budget(MemoryEvidence cached, int64_t budget_bytes);
 // tuning.batch scale: the largest global batch the plan may grow to (tuning.max_global_batch, or 32
 // x the base batch).
 int64_t max_scaled_global_batch(const Config& config);
+
+// data.uint8 resolved: on or off as set; auto = on for image_folder data on a GPU. The run builds
+// its datasets with it (before the plan), and make_plan records it with its reason.
+bool resolve_uint8_batches(const Config& config, const DeviceProfile& device);
 
 // Resolves the batch arithmetic, precision and loader decisions. Throws ConfigError when the
 // global batch cannot be split exactly.

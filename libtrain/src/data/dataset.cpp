@@ -409,8 +409,8 @@ DatasetPtr make_image_folder(const DataConfig& config, Split split) {
   options.crop_min_scale = config.crop_min_scale;
   options.random_flip = transforms.random_flip;
   // uint8 batches are normalised on the device (normalize_on_device with data.mean / data.std).
-  options.uint8 = config.uint8;
-  if (!config.uint8) {
+  options.uint8 = config.uint8 == "on";
+  if (!options.uint8) {
     options.mean = transforms.mean;
     options.stddev = transforms.stddev;
   }
@@ -521,7 +521,7 @@ void require_paths(const DataConfig& config, Split split) {
 }  // namespace
 
 DatasetPtr make_dataset(const DataConfig& config, Split split) {
-  if (config.uint8 && config.kind != "image_folder") {
+  if (config.uint8 == "on" && config.kind != "image_folder") {
     throw ConfigError("data.uint8 applies to image_folder only, not to " + config.kind);
   }
   require_paths(config, split);

@@ -10,8 +10,10 @@ namespace train::data {
 
 // Train uses the configured augmentation (random_crop, random_flip; image_folder: a random
 // resized crop and random_flip); Val uses none (image_folder: resize and center crop). Both
-// normalise by data.mean / data.std when given, except image_folder with data.uint8, whose
-// uint8 batches the trainer normalises on the device (normalize_on_device).
+// normalise by data.mean / data.std when given, except image_folder with data.uint8 on, whose
+// uint8 batches the trainer normalises on the device (normalize_on_device). data.uint8 auto reads
+// as off here: the run resolves it (resolve_uint8_batches in train/plan.h) before it builds the
+// datasets.
 enum class Split { Train, Val };
 
 // Image side of synthetic data when data.image_size is 0.
