@@ -707,6 +707,31 @@ TEST_CASE("Loader workers build the next epoch's first batches before it starts,
   check_same_batches(run_epoch(ahead, {0, 1}), std::vector<Batch>(full.begin() + 1, full.end()));
 }
 
+TEST_CASE("set_workers adds workers to a running loader: same batches, none built twice", "[data]") {
+  const auto reference_set = std::make_shared<IndexDataset>(40, -1, /*jitter=*/true);
+  Loader reference_loader(reference_set, index_options(4));
+  const std::vector<Batch> reference = run_epoch(reference_loader, {0, 0});
+  for (const int64_t first_workers : {0, 1, 2}) {
+    INFO("from " << first_workers << " workers");
+    const auto dataset = std::make_shared<IndexDataset>(40, -1, /*jitter=*/true);
+    LoaderOptions options = index_options(4, first_workers);
+    options.epochs = 1;  // nothing beyond the epoch, so that every get() is counted below
+    Loader loader(dataset, options);
+    loader.start({0, 0});
+    std::vector<Batch> batches;
+    for (int b = 0; b < 3; ++b) batches.push_back(*loader.next());
+    loader.set_workers(first_workers + 2);
+    CHECK(loader.options().workers == first_workers + 2);
+    loader.set_workers(first_workers + 2);  // the same count again: nothing changes
+    for (int b = 0; b < 2; ++b) batches.push_back(*loader.next());
+    loader.set_workers(first_workers + 5);
+    while (std::optional<Batch> batch = loader.next()) batches.push_back(*batch);
+    check_same_batches(batches, reference);
+    CHECK(dataset->gets == 40);  // every sample once: the batches in flight were kept
+    CHECK_THROWS_AS(loader.set_workers(1), train::Error);  // only up
+  }
+}
+
 TEST_CASE("A sample skipped in a batch built ahead counts when that batch is delivered", "[data]") {
   const auto dataset = std::make_shared<IndexDataset>(24, /*throw_at=*/7);
   LoaderOptions options = index_options(4, /*workers=*/2);

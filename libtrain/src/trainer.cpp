@@ -201,7 +201,7 @@ struct Trainer::Impl {
   int64_t nonfinite_loss_streak = 0;     // loss scaling: consecutive steps whose loss was non-finite
   double retired_wait = 0;     // wait_seconds() of loaders replaced after an out-of-memory error
   // data.on_error skip: the (epoch, index) of samples replaced, from loaders replaced after an
-  // out-of-memory error or to raise the workers (the new loader delivers their staged batch again).
+  // out-of-memory error (the new loader delivers their staged batch again) or read from a checkpoint.
   std::set<std::pair<int64_t, int64_t>> retired_skipped;
   // plan.workers_adaptive: the data wait measured since the loader last (re)started.
   struct {
@@ -295,7 +295,7 @@ struct Trainer::Impl {
   // plan.workers_adaptive: at the end of each logging window, once at least 8 steps and 0.25 s
   // have been measured since the loader last started, a data wait above 5 % of that time doubles
   // the loader's workers (up to plan.max_workers). Delivery does not depend on the worker count,
-  // so training continues on exactly the same batches.
+  // so training continues on exactly the same batches, and the batches already built are kept.
   void adapt_workers(double seconds, double waited, int64_t steps) {
     if (!plan.workers_adaptive || plan.workers >= plan.max_workers) return;
     if (!starving.warm) {
@@ -314,9 +314,7 @@ struct Trainer::Impl {
     if (fraction <= 0.05) return;
     const int64_t before = plan.workers;
     plan.workers = std::min(plan.max_workers, 2 * before);
-    const auto position = sample_position();
-    make_loader();
-    rewind(position.first, position.second, "raising the loader workers");
+    loader->set_workers(plan.workers);  // joins the running workers; nothing built is dropped
     starving.warm = false;
     log::info(log::str("data wait ", log::fixed(100.0 * fraction, 1), "% of the last ", measured, " steps with ", before,
                        " loader worker", before == 1 ? "" : "s", " (> 5%): raising data workers to ", plan.workers,

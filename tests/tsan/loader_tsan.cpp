@@ -117,6 +117,18 @@ int main() {
       drain(loader);
     }
     {
+      // Workers added while batches are in flight.
+      Loader loader(tokens, options);
+      loader.start({0, 0});
+      int64_t samples = 0;
+      if (auto batch = loader.next()) samples += batch->size();
+      loader.set_workers(options.workers + 2);
+      if (auto batch = loader.next()) samples += batch->size();
+      loader.set_workers(options.workers + 4);
+      samples += drain(loader);
+      expect(samples == tokens->size(), "an epoch read while workers are added delivers every sample");
+    }
+    {
       Loader abandoned(tokens, options);
       abandoned.start({0, 0});
     }

@@ -2,15 +2,14 @@
 //
 // Concurrency scheme. Batches are numbered across epochs (batch b of epoch e is number
 // e * batches_per_epoch + b), so workers run on past the end of an epoch into the next one and an
-// epoch boundary does not drain the pipeline. Worker w builds numbers first + w,
-// first + w + workers, ... (round-robin from the start position) and stores each one in slot
-// (number % capacity) of a ring of capacity = workers * prefetch. A worker may only start number
-// n once n < next + capacity, where `next` is the number the caller receives next, so at most
+// epoch boundary does not drain the pipeline. Each worker claims the lowest number not yet claimed,
+// but only a number n < next + capacity, where `next` is the number the caller receives next and
+// capacity = workers * prefetch; it stores the batch in slot (n % capacity) of a ring. So at most
 // `capacity` batches are in flight and slots never collide. next() waits for its slot, takes the
-// batch and frees the slot. The worker owning `next` has already finished its earlier (smaller)
-// numbers, so it is never blocked by capacity: no deadlock. start() at a position the workers
+// batch and frees the slot. Numbers are claimed in order, so `next` has been claimed by a worker
+// that is building it, never one waiting for room: no deadlock. start() at a position the workers
 // are already building towards (the next epoch, once this one is read) keeps them; any other
-// position stops them and starts afresh.
+// position stops them and starts afresh. set_workers() adds workers to the running ones.
 #include <train/data/loader.h>
 #include <train/data/transforms.h>
 #include <train/config.h>
@@ -178,6 +177,7 @@ struct Loader::Impl {
   std::condition_variable slot_freed;   // next() took a batch, start() moved on, or stopping: wakes workers
   int64_t epoch = 0;       // the epoch next() delivers from
   int64_t next_batch = 0;  // the batch of that epoch next() delivers
+  int64_t claimed = 0;     // the lowest number no worker has taken yet
   bool started = false;
   std::vector<Slot> slots;
   bool stopping = false;
@@ -291,15 +291,17 @@ struct Loader::Impl {
     }
   }
 
-  // Worker w builds batch numbers first, first + workers, ...: past the end of the epoch being
-  // delivered into the next ones, so that an epoch boundary does not drain the pipeline.
-  void worker_loop(int64_t first) {
-    for (int64_t n = first; n < limit; n += options.workers) {
+  // Each worker claims the lowest number nobody has claimed yet, once it lies within `capacity`
+  // of delivery, builds that batch and stores it: past the end of the epoch being delivered into
+  // the next ones, so that an epoch boundary does not drain the pipeline.
+  void worker_loop() {
+    for (;;) {
+      int64_t n = 0;
       {
         std::unique_lock<std::mutex> lock(mutex);
-        slot_freed.wait(lock, [&] { return stopping || n < next_number() + capacity(); });
-        if (stopping) return;
-        if (n < next_number()) continue;  // start() moved delivery past it
+        slot_freed.wait(lock, [&] { return stopping || claimed >= limit || claimed < next_number() + capacity(); });
+        if (stopping || claimed >= limit) return;
+        n = claimed++;
       }
       Slot result;
       result.number = n;
@@ -311,11 +313,38 @@ struct Loader::Impl {
       {
         std::lock_guard<std::mutex> lock(mutex);
         if (stopping) return;
-        if (n < next_number()) continue;  // start() moved past it while it was built
+        if (n < next_number()) continue;  // start() moved delivery past it while it was built
         slots[static_cast<size_t>(n % capacity())] = std::move(result);
       }
       slot_filled.notify_all();
     }
+  }
+
+  void spawn_workers(int64_t count) {
+    for (int64_t w = 0; w < count; ++w) threads.emplace_back(&Impl::worker_loop, this);
+  }
+
+  // More workers on the same delivery: the ring grows to the new capacity, the batches built or
+  // being built stay (a slot's place is its number modulo the capacity when it is stored).
+  void add_workers(int64_t workers) {
+    if (workers <= options.workers) return;
+    const int64_t added = workers - options.workers;
+    if (threads.empty()) {  // synchronous so far (or not started): start the workers where delivery is
+      options.workers = workers;
+      if (started) start(LoaderPosition{epoch, next_batch});
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      options.workers = workers;
+      std::vector<Slot> grown(static_cast<size_t>(capacity()));
+      for (Slot& slot : slots) {
+        if (slot.number >= 0) grown[static_cast<size_t>(slot.number % capacity())] = std::move(slot);
+      }
+      slots = std::move(grown);
+    }
+    spawn_workers(added);
+    slot_freed.notify_all();
   }
 
   // Joins the workers; those waiting for a free slot are woken, those inside get() finish it.
@@ -343,6 +372,7 @@ struct Loader::Impl {
         for (int64_t n = next_number(); n < target; ++n) slots[static_cast<size_t>(n % capacity())] = Slot{};
         epoch = position.epoch;
         next_batch = position.batch;
+        claimed = std::max(claimed, target);
       }
       slot_freed.notify_all();
       return;
@@ -354,9 +384,8 @@ struct Loader::Impl {
     started = true;
     if (options.workers == 0 || num_batches == 0) return;
     slots.assign(static_cast<size_t>(capacity()), Slot{});
-    for (int64_t w = 0; w < options.workers && target + w < limit; ++w) {
-      threads.emplace_back(&Impl::worker_loop, this, target + w);
-    }
+    claimed = target;
+    if (target < limit) spawn_workers(options.workers);
   }
 
   // Caller thread: counts and reports the samples replaced in a batch being delivered, each
@@ -431,6 +460,16 @@ std::optional<Batch> Loader::next() {
     }
   } add_elapsed{impl_->wait_seconds, began};
   return impl_->next();
+}
+
+void Loader::set_workers(int64_t workers) {
+  if (workers < impl_->options.workers || workers > limits::kMaxWorkers) {
+    throw Error("Loader::set_workers: " + std::to_string(workers) + " workers; the loader has " +
+                    std::to_string(impl_->options.workers) + " and can only add up to " +
+                    std::to_string(limits::kMaxWorkers),
+                kExitInvalid);
+  }
+  impl_->add_workers(workers);
 }
 
 LoaderPosition Loader::position() const { return LoaderPosition{impl_->epoch, impl_->next_batch}; }

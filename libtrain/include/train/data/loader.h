@@ -73,6 +73,9 @@ class Loader {
   void start(LoaderPosition position);
   // Next batch of the current epoch, or nullopt at its end.
   std::optional<Batch> next();
+  // Raises the worker count (never lowers it): the new workers join the running ones, and every
+  // batch built or being built is kept. Delivery does not change.
+  void set_workers(int64_t workers);
   LoaderPosition position() const;
 
   int64_t batches_per_epoch() const;
