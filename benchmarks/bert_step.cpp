@@ -16,6 +16,7 @@
 // loss and the optimizer are compared too, not only the forward function).
 #include <train/amp.h>
 #include <train/config.h>
+#include <train/host_memory.h>
 #include <train/models/bert.h>
 #include <train/models/model.h>
 #include <train/optim.h>
@@ -210,6 +211,7 @@ int run(const Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  train::tune_host_malloc();  // as the train command does (TRAIN_HOST_MALLOC=default: glibc as it is)
   const Args a = parse(argc, argv);
   try {
     return run(a);

@@ -12,6 +12,7 @@
 // with a message on a bad argument.
 #include <train/amp.h>
 #include <train/config.h>
+#include <train/host_memory.h>
 #include <train/models/model.h>
 #include <train/optim.h>
 
@@ -99,6 +100,7 @@ void sync(const torch::Device& d) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  train::tune_host_malloc();  // as the train command does (TRAIN_HOST_MALLOC=default: glibc as it is)
   const Args a = parse(argc, argv);
   const torch::Device device = [&] {
     try {

@@ -2,7 +2,8 @@
 // test (ddp: test_dist.cpp starts copies of itself that way), or the `train` command with test
 // models registered (cli: test_kill_resume.cpp), or writes the LibTorch 1.13 checkpoint fixture
 // (fixture: test_trainer.cpp; run by hand on a 1.13 build), or a SIGBUS scenario of
-// files::MappedFile in a fresh process (mapped_file: test_tokens.cpp).
+// files::MappedFile in a fresh process (mapped_file: test_tokens.cpp), or the heap after
+// tune_host_malloc in a fresh process (host_malloc: test_plan.cpp).
 #define CATCH_CONFIG_RUNNER
 #include "testing.h"
 
@@ -18,6 +19,7 @@ int ddp_test_worker();
 int cli_test_worker(int argc, char** argv);
 int write_checkpoint_fixture();
 int mapped_file_test_worker();
+int host_malloc_test_worker();
 
 int main(int argc, char** argv) {
   if (const char* role = std::getenv("TRAIN_TEST_WORKER")) {
@@ -25,6 +27,7 @@ int main(int argc, char** argv) {
     if (std::strcmp(role, "cli") == 0) return cli_test_worker(argc, argv);
     if (std::strcmp(role, "fixture") == 0) return write_checkpoint_fixture();
     if (std::strcmp(role, "mapped_file") == 0) return mapped_file_test_worker();
+    if (std::strcmp(role, "host_malloc") == 0) return host_malloc_test_worker();
     std::fprintf(stderr, "unknown TRAIN_TEST_WORKER '%s'\n", role);
     return 2;
   }

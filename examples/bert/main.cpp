@@ -26,6 +26,7 @@
 #include <train/data/token_file.h>
 #include <train/errors.h>
 #include <train/files.h>
+#include <train/host_memory.h>
 #include <train/text/tsv_dataset.h>
 #include <train/text/wordpiece.h>
 
@@ -381,6 +382,7 @@ int baselines(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  train::tune_host_malloc();  // as the train command does (train/host_memory.h)
   const std::string usage = "usage: bert_example prepare|pretokenize|baselines [options] (see examples/bert/main.cpp)";
   try {
     if (argc < 2) throw train::UsageError(usage);

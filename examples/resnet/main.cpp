@@ -10,6 +10,7 @@
 #include <train/errors.h>
 #include <train/files.h>
 #include <train/fit.h>
+#include <train/host_memory.h>
 #include <train/log.h>
 #include <train/run.h>
 
@@ -66,6 +67,7 @@ Args parse_args(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  train::tune_host_malloc();  // as the train command does (train/host_memory.h)
   Args args;
   try {
     args = parse_args(argc, argv);

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "train/errors.h"
+#include "train/host_memory.h"
 #include "train/log.h"
 #include "train/metrics.h"
 
@@ -372,6 +373,10 @@ Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInpu
          : sharing > 1 ? log::str(device.cpu_cores, " cores available / ", sharing, " ranks on this host")
                        : std::to_string(device.cpu_cores) + " cores available to this process");
 
+  const HostMallocState heap = host_malloc_state();
+  plan.host_malloc_kept = heap.tuned;
+  decide("host_malloc", heap.tuned ? "kept" : "default", heap.reason);
+
   // ---- loader ----
   plan.pin_memory = device.is_cuda();
   plan.prefetch = config.data.prefetch;
@@ -563,6 +568,7 @@ std::string Plan::to_json() const {
       .add("channels_last", channels_last)
       .add("cudnn_benchmark", cudnn_benchmark)
       .add("threads", threads)
+      .add("host_malloc_kept", host_malloc_kept)
       .add("workers", workers)
       .add("workers_adaptive", workers_adaptive)
       .add("max_workers", max_workers)

@@ -64,6 +64,7 @@ struct Plan {
   bool channels_last = false;
   bool cudnn_benchmark = false;
   int64_t threads = 1;           // intra-op CPU threads
+  bool host_malloc_kept = false;  // the C heap keeps freed memory for the next step (train/host_memory.h)
   int64_t workers = 0;
   // When workers were not fixed by data.workers: the trainer adds loader workers, up to
   // max_workers, while the time it waits for data exceeds 5 % of a logging window.
