@@ -255,6 +255,100 @@ TEST_CASE("cli: a cached measurement made with less memory free is measured agai
   CHECK_THAT(err, Catch::Contains("plan cache hit") && !Catch::Contains("measured in"));
 }
 
+TEST_CASE("cli: another global batch or tuning.batch mode plans from the cached measurement, without a probe",
+          "[cli][plan][cache]") {
+  TempDir tmp("batchreuse");
+  const std::string cfg = tmp.write("run.yaml", kSynthetic);  // global batch 16 on the CPU
+  const std::vector<std::string> plan{"plan", cfg, "--set", "tuning.cache_dir=" + tmp / "cache"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = plan;
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::string out;
+    const std::string err = stderr_of([&] { out = output_of(STDOUT_FILENO, [&] { CHECK(cli(args) == train::kExitOk); }); });
+    return err + out;
+  };
+  CHECK_THAT(with({}), Catch::Contains(" I] measured in "));
+  // The memory fit holds for any batch: none of these probes again.
+  const std::string bigger = with({"--set", "trainer.global_batch=64"});
+  CHECK_THAT(bigger, Catch::Contains("plan cache hit") && !Catch::Contains("measured in"));
+  CHECK_THAT(bigger, Catch::Contains("global_batch     64 "));
+  const std::string scaled = with({"--set", "tuning.batch=scale", "--set", "tuning.max_global_batch=64"});
+  CHECK_THAT(scaled, Catch::Contains("plan cache hit") && !Catch::Contains("measured in") &&
+                         Catch::Contains("tuning.batch scale"));
+}
+
+TEST_CASE("cli: a cached memory slope known only up to a smaller micro-batch is measured again for a larger one",
+          "[cli][plan][cache][tokens]") {
+  // BERT-tiny with a 20k vocabulary trained with AdamW: at 2 and 4 sequences a parameter-sized
+  // buffer sets the step's peak (test_probe.cpp), so a plan that can use no more than 4 keeps
+  // those flat peaks, and its slope says nothing about larger micro-batches.
+  TempDir tmp("slope");
+  train::data::TokenFileOptions options;
+  options.vocab_size = 20000;
+  options.special = train::data::SpecialTokens{0, 1, 2, 3, 4};
+  std::vector<std::vector<int64_t>> corpus;
+  for (int64_t d = 0; d < 300; ++d) {
+    std::vector<int64_t> doc;
+    for (int64_t i = 0; i < 60; ++i) doc.push_back(5 + (d * 131 + i * 17) % 19990);
+    corpus.push_back(doc);
+  }
+  train::data::write_token_file(tmp / "train.tokens", corpus, options);
+  train::data::write_token_file(tmp / "val.tokens", corpus, options);
+  const std::string cfg = tmp.write(
+      "mlm.yaml",
+      "model: {name: bert-mlm, preset: bert-tiny, vocab_size: 20000, num_classes: 20000, max_positions: 64}\n"
+      "data: {kind: tokens, root: " + tmp.path + ", seq_len: 64}\n"
+      "optim: {name: adamw, lr: 0.001, weight_decay: 0.01, clip_grad_norm: 1.0}\n"
+      "trainer: {global_batch: 4, max_steps: 2, device: cpu}\n"
+      "tuning: {cache_dir: " + tmp.path + "/cache}\n");
+  auto plan = [&](int64_t global_batch) {
+    return stderr_of([&] {
+      output_of(STDOUT_FILENO, [&] {
+        CHECK(cli({"plan", cfg, "--set", "trainer.global_batch=" + std::to_string(global_batch)}) == train::kExitOk);
+      });
+    });
+  };
+  std::string err = plan(4);
+  CHECK_THAT(err, Catch::Contains(" I] measured in ") && Catch::Contains("probe on cpu at 2, 4"));
+  err = plan(64);
+  CHECK_THAT(err, Catch::Contains("memory peaks were still flat up to micro-batch 4") &&
+                      Catch::Contains("this plan could use 64; measuring again") && Catch::Contains(" I] measured in "));
+  // Measured beyond the flat part now: these plans reuse it.
+  err = plan(64);
+  CHECK_THAT(err, Catch::Contains("plan cache hit") && !Catch::Contains("measured in"));
+  err = plan(16);
+  CHECK_THAT(err, Catch::Contains("plan cache hit") && !Catch::Contains("measured in"));
+}
+
+TEST_CASE("cuda: another global batch or scale mode times only the micro-batch sizes no earlier plan timed",
+          "[cli][plan][cache][cuda]") {
+  TRAIN_SKIP_WITHOUT_CUDA("no CUDA device visible: throughput probes run on a GPU only (scripts/gpu-check)");
+  TempDir tmp("timedsizes");
+  const std::string cfg = tmp.write(
+      "run.yaml",
+      // No convolutions: cuDNN's autotuning of every new batch shape would take most of the time.
+      "model: {name: mlp, in_channels: 1, num_classes: 10}\n"
+      "data: {kind: synthetic, channels: 1, image_size: 28, synthetic_train_samples: 256, synthetic_val_samples: 64}\n"
+      "trainer: {global_batch: 32, max_steps: 2, device: cuda}\n"
+      "tuning: {cache_dir: " + tmp.path + "/cache, max_global_batch: 256}\n");
+  auto plan = [&](std::vector<std::string> sets) {
+    std::vector<std::string> args{"plan", cfg};
+    for (const auto& s : sets) {
+      args.push_back("--set");
+      args.push_back(s);
+    }
+    return stderr_of([&] { output_of(STDOUT_FILENO, [&] { CHECK(cli(args) == train::kExitOk); }); });
+  };
+  CHECK_THAT(plan({}), Catch::Contains(" I] measured in "));  // memory, then 16 and 32 timed
+  std::string err = plan({"trainer.global_batch=128"});          // 64 and 128 are new
+  CHECK_THAT(err, Catch::Contains("timed 2 micro-batch sizes no earlier plan needed") && !Catch::Contains("measured in"));
+  err = plan({"trainer.global_batch=64"});  // all timed
+  CHECK_THAT(err, Catch::Contains("(no probe)") && !Catch::Contains("measured in"));
+  err = plan({"trainer.global_batch=64", "tuning.batch=scale"});  // up to tuning.max_global_batch: 256 is new
+  CHECK_THAT(err, Catch::Contains("micro-batch size") && Catch::Contains("no earlier plan needed") &&
+                      !Catch::Contains("measured in"));
+}
+
 TEST_CASE("cli: mistakes found before anything starts: tuning.device in fit, --nproc, check, init_from", "[cli]") {
   TempDir tmp("early");
   const std::string cfg = tmp.write("run.yaml", kSynthetic);

@@ -25,7 +25,10 @@ namespace {
 // could hold a per-sample cost taken from optimizer-step peaks, near 0 for transformers).
 // 3: the slope comes from two batches whose peaks follow the activations (format 2 entries could
 // take it from a batch still on the flat part: about 10% short for BERT-tiny).
-constexpr int kCacheFormat = 3;
+// 4: the key leaves out the batch settings (tuning.batch, the per-rank batch): an entry holds the
+// memory fit, how far its slope is known, and every micro-batch size timed so far, and a plan that
+// needs more sizes times only those.
+constexpr int kCacheFormat = 4;
 
 uint64_t fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull) {
   for (unsigned char c : s) {
@@ -136,12 +139,14 @@ std::optional<MemoryEvidence> PlanCache::find(const PlanCacheKey& key) const {
     m.budget_bytes = number_of<int64_t>(e["budget_bytes"], "budget_bytes");
     m.max_micro_batch = number_of<int64_t>(e["max_micro_batch"], "max_micro_batch");
     m.estimate = e["estimate"].as<bool>();
-    m.source = "plan cache " + key.hash() + ", from " + e["source"].as<std::string>();
+    m.source = e["source"].as<std::string>();  // as stored: the caller says it came from the cache
     for (const auto& p : e["throughput"]) {
       m.throughput.emplace_back(number_of<int64_t>(p[0], "throughput"), number_of<double>(p[1], "throughput"));
     }
     m.throughput_choice = number_of<int64_t>(e["throughput_choice"], "throughput_choice");
-    bool sane = std::isfinite(m.per_sample_bytes) && m.max_micro_batch >= 0 && m.throughput_choice >= 0;
+    m.slope_known_up_to = number_of<int64_t>(e["slope_known_up_to"], "slope_known_up_to");
+    bool sane = std::isfinite(m.per_sample_bytes) && m.max_micro_batch >= 0 && m.throughput_choice >= 0 &&
+                m.slope_known_up_to >= 0;
     for (const auto& [batch, rate] : m.throughput) sane = sane && batch > 0 && std::isfinite(rate) && rate >= 0;
     if (!sane) throw std::runtime_error("a negative micro-batch or a non-finite number in its evidence");
     return m;
@@ -165,7 +170,8 @@ void PlanCache::store(const PlanCacheKey& key, const MemoryEvidence& m, const st
                            ",\"max_micro_batch\":" + std::to_string(m.max_micro_batch) +
                            ",\"estimate\":" + (m.estimate ? "true" : "false") + ",\"source\":" + json_quote(m.source) +
                            ",\"throughput\":" + throughput +
-                           ",\"throughput_choice\":" + std::to_string(m.throughput_choice) + "}}\n";
+                           ",\"throughput_choice\":" + std::to_string(m.throughput_choice) +
+                           ",\"slope_known_up_to\":" + std::to_string(m.slope_known_up_to) + "}}\n";
   detail::write_text_atomically(files::join(dir_, key.hash() + ".json"), json);
   detail::write_text_atomically(files::join(dir_, "latest-" + hex(fnv1a(scope)) + ".json"), key_json(key) + "\n");
 }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 
 #include "compat.h"
 #include "train/checkpoint.h"
@@ -95,8 +96,8 @@ PlanCacheKey cache_key(const Config& config, const DeviceProfile& device, const 
   key.add("precision", draft.precision + (draft.channels_last ? ", channels_last" : ""));
   key.add("optimizer", optimizer_string(config));
   key.add("memory_fraction", std::to_string(config.tuning.memory_fraction));
-  key.add("batch_mode", config.tuning.batch);  // scale mode probes throughput beyond the per-rank batch
-  key.add("per_rank_batch", std::to_string(config.trainer.global_batch / std::max(1, world_size)));
+  // Not the batch settings: the memory fit holds for every batch (within slope_known_up_to), and
+  // the micro-batch sizes another plan needs timed are timed when it needs them.
   return key;
 }
 
@@ -166,6 +167,20 @@ MemoryFit probe_with_activations_in_view(models::Model& model, const ProbeOption
   return fit;
 }
 
+// How far the slope of `fit` is known: 0 when its peaks follow the activations; otherwise they
+// were still flat (largest_useful, the largest micro-batch the plan could use, stopped the probe
+// from measuring further), and a plan that could use a larger micro-batch must measure again.
+int64_t slope_known_up_to(const MemoryFit& fit, int64_t largest_useful) {
+  return fit.batch_beyond_flat(std::numeric_limits<int64_t>::max()) > 0 ? largest_useful : 0;
+}
+
+// Why cached evidence cannot serve a plan whose micro-batch may reach `largest_useful`; "" when it can.
+std::string slope_too_short(const MemoryEvidence& cached, int64_t largest_useful) {
+  if (cached.slope_known_up_to <= 0 || largest_useful <= cached.slope_known_up_to) return "";
+  return log::str("its memory peaks were still flat up to micro-batch ", cached.slope_known_up_to,
+                  " (the slope beyond is unknown) and this plan could use ", largest_useful);
+}
+
 // The fp32 CPU measurement a named-device plan converts, from the plan cache when this machine
 // already made it for the same model, input, optimizer and LibTorch.
 MemoryFit cpu_measurement_for_named_device(const Config& config, models::Model& model, const ProbeOptions& options,
@@ -182,21 +197,82 @@ MemoryFit cpu_measurement_for_named_device(const Config& config, models::Model& 
   key.add("optimizer", optimizer_string(config));
   key.add("batches", batch_list);
   MemoryFit fit;
+  const int64_t largest_useful = largest_useful_micro_batch(config, 1);
   if (auto hit = cache.find(key)) {
-    log::info("plan cache hit: " + cache.dir() + "/" + key.hash() + ".json (this machine's CPU measurement)");
-    fit.fixed_bytes = hit->fixed_bytes;
-    fit.per_sample_bytes = hit->per_sample_bytes;
-    for (int64_t b : batches) fit.points.push_back(ProbePoint{b, fit.predict(b), 0.0, false});
-    from_cache = true;
-    return fit;
+    const std::string too_short = slope_too_short(*hit, largest_useful);
+    if (too_short.empty()) {
+      log::info("plan cache hit: " + cache.dir() + "/" + key.hash() + ".json (this machine's CPU measurement)");
+      fit.fixed_bytes = hit->fixed_bytes;
+      fit.per_sample_bytes = hit->per_sample_bytes;
+      for (int64_t b : batches) fit.points.push_back(ProbePoint{b, fit.predict(b), 0.0, false});
+      from_cache = true;
+      return fit;
+    }
+    log::info("plan cache: " + cache.dir() + "/" + key.hash() + ".json: " + too_short + "; measuring again");
   }
-  fit = probe_with_activations_in_view(model, options, batches, largest_useful_micro_batch(config, 1));
+  fit = probe_with_activations_in_view(model, options, batches, largest_useful);
   MemoryEvidence measured;
   measured.fixed_bytes = fit.fixed_bytes;
   measured.per_sample_bytes = fit.per_sample_bytes;
+  measured.slope_known_up_to = slope_known_up_to(fit, largest_useful);
   measured.source = "probe on cpu at " + list_batches(fit);
   if (fit.measured()) store_or_warn(cache, key, measured, scope + " (cpu measurement)");
   return fit;
+}
+
+// The micro-batch sizes a plan on a GPU times: powers of two from 16 (or less) up to the largest
+// it could use (the per-rank batch in fixed mode, the largest scaled one in scale mode) that fits;
+// at most 7.
+std::vector<int64_t> throughput_sizes(const Config& config, const MemoryEvidence& evidence, int world_size) {
+  const int64_t top = std::min(evidence.max_micro_batch, largest_useful_micro_batch(config, world_size));
+  std::vector<int64_t> sizes;
+  for (int64_t b = std::min<int64_t>(16, top); b > 0 && b <= top && sizes.size() < 7; b *= 2) sizes.push_back(b);
+  return sizes;
+}
+
+// Chooses by throughput among every size timed that fits (the plan cache keeps the sizes earlier
+// plans timed); sizes beyond what fits now (timed with more memory free, or above an
+// out-of-memory trial) are dropped.
+void choose_among_timed(MemoryEvidence& evidence) {
+  evidence.throughput.erase(std::remove_if(evidence.throughput.begin(), evidence.throughput.end(),
+                                           [&](const std::pair<int64_t, double>& t) {
+                                             return t.first > evidence.max_micro_batch || !(t.second > 0);
+                                           }),
+                            evidence.throughput.end());
+  std::vector<ProbePoint> compared;
+  for (const auto& [batch, rate] : evidence.throughput) {
+    ProbePoint p;
+    p.batch = batch;
+    p.seconds_per_step = static_cast<double>(batch) / rate;
+    compared.push_back(p);
+  }
+  evidence.throughput_choice = choose_by_throughput(compared);
+}
+
+// Times those of `sizes` the evidence has no rate for yet (all of them after a fresh probe) and
+// merges them in; a size that runs out of memory caps the micro-batch below it (confirmation by
+// trial). Returns how many sizes it timed.
+size_t complete_throughput(MemoryEvidence& evidence, const std::vector<int64_t>& sizes, models::Model& model,
+                           const ProbeOptions& options) {
+  std::vector<int64_t> missing;
+  for (const int64_t b : sizes) {
+    const bool timed = std::any_of(evidence.throughput.begin(), evidence.throughput.end(),
+                                   [b](const std::pair<int64_t, double>& t) { return t.first == b; });
+    if (!timed && b <= evidence.max_micro_batch) missing.push_back(b);
+  }
+  if (!missing.empty()) {
+    for (const ProbePoint& p : probe_throughput(model, options, missing)) {
+      if (p.oom) {
+        evidence.max_micro_batch = std::min(evidence.max_micro_batch, p.batch - 1);
+        evidence.source += "; out of memory at " + std::to_string(p.batch) + " in trial";
+      } else if (p.seconds_per_step > 0) {
+        evidence.throughput.emplace_back(p.batch, static_cast<double>(p.batch) / p.seconds_per_step);
+      }
+    }
+    std::sort(evidence.throughput.begin(), evidence.throughput.end());
+  }
+  choose_among_timed(evidence);
+  return missing.size();
 }
 
 // Measures (or, for a named device, estimates) memory per micro-batch and, on a real GPU,
@@ -208,30 +284,12 @@ MemoryEvidence gather_evidence(const Config& config, const DeviceProfile& device
   if (config.tuning.micro_batch > 0 || !config.tuning.probe) return evidence;
   PlanCache cache(config.tuning.cache_dir);
   const PlanCacheKey key = cache_key(config, device, draft, model, input_shape, world_size);
+  const std::string entry = cache.dir() + "/" + key.hash() + ".json";
   const std::string scope = cache_scope(config);
   const int64_t free_bytes = device.named ? device.total_memory : device.free_memory;
   const int64_t budget_bytes = static_cast<int64_t>(static_cast<double>(free_bytes) * config.tuning.memory_fraction);
-  const auto hit = cache.find(key);
-  // A measurement taken while another process held memory (or before some was freed) caps the
-  // micro-batch below what fits now, and sizes above its budget were never tried: with over 10%
-  // more memory free now, measure again, if that cap is what limits this plan. (A named device's
-  // budget is its datasheet memory.)
-  const bool budget_grew = hit && !device.named && hit->budget_bytes > 0 &&
-                           budget_bytes > hit->budget_bytes + hit->budget_bytes / 10 &&
-                           hit->max_micro_batch < largest_useful_micro_batch(config, world_size);
-  if (hit && !budget_grew) {
-    log::info("plan cache hit: " + cache.dir() + "/" + key.hash() + ".json (no probe)");
-    return with_current_budget(*hit, budget_bytes);  // another process may hold memory it did not
-  }
-  if (budget_grew) {
-    log::info("plan cache: " + cache.dir() + "/" + key.hash() + ".json was measured with a " +
-              log::fixed(std::ldexp(static_cast<double>(hit->budget_bytes), -30), 1) + " GiB budget, " +
-              log::fixed(std::ldexp(static_cast<double>(budget_bytes), -30), 1) + " GiB now: measuring again");
-  } else {
-    for (const auto& change : cache.changes(key, scope)) log::info("plan cache miss: " + change);
-  }
+  const int64_t largest_useful = largest_useful_micro_batch(config, world_size);
 
-  const auto t0 = std::chrono::steady_clock::now();
   ProbeOptions options;
   options.input_shape = input_shape;
   options.num_classes = num_classes;
@@ -242,8 +300,49 @@ MemoryEvidence gather_evidence(const Config& config, const DeviceProfile& device
   options.bf16 = probe_here && draft.precision == "bf16";
   options.fp16 = probe_here && draft.precision == "fp16";  // measured in the precision the run trains in
   options.channels_last = probe_here && draft.channels_last;
-  const std::vector<int64_t> batches = device.is_cuda() && probe_here ? std::vector<int64_t>{8, 16, 32}
-                                                                       : std::vector<int64_t>{2, 4};
+  const bool time_sizes = device.is_cuda() && probe_here;
+
+  const auto hit = cache.find(key);
+  // A measurement taken while another process held memory (or before some was freed) caps the
+  // micro-batch below what fits now, and sizes above its budget were never tried: with over 10%
+  // more memory free now, measure again, if that cap is what limits this plan. (A named device's
+  // budget is its datasheet memory.)
+  const bool budget_grew = hit && !device.named && hit->budget_bytes > 0 &&
+                           budget_bytes > hit->budget_bytes + hit->budget_bytes / 10 &&
+                           hit->max_micro_batch < largest_useful;
+  const std::string too_short = hit ? slope_too_short(*hit, largest_useful) : "";
+  if (hit && !budget_grew && too_short.empty()) {
+    // The sizes this plan could use that no plan timed yet (another global batch, scale mode):
+    // timed now and added to the entry. Nothing else is measured again.
+    MemoryEvidence measured = *hit;
+    const std::vector<int64_t> sizes =
+        time_sizes ? throughput_sizes(config, with_current_budget(measured, budget_bytes), world_size)
+                   : std::vector<int64_t>{};
+    const size_t timed = complete_throughput(measured, sizes, model, options);
+    if (timed == 0) {
+      log::info("plan cache hit: " + entry + " (no probe)");
+    } else {
+      log::info(log::str("plan cache hit: ", entry, " (memory measured earlier; timed ", timed,
+                         " micro-batch size", timed > 1 ? "s" : "", " no earlier plan needed)"));
+      store_or_warn(cache, key, measured, scope);
+    }
+    evidence = with_current_budget(measured, budget_bytes);  // another process may hold memory it did not
+    choose_among_timed(evidence);
+    evidence.source = "plan cache " + key.hash() + ", from " + evidence.source;
+    return evidence;
+  }
+  if (budget_grew) {
+    log::info("plan cache: " + entry + " was measured with a " +
+              log::fixed(std::ldexp(static_cast<double>(hit->budget_bytes), -30), 1) + " GiB budget, " +
+              log::fixed(std::ldexp(static_cast<double>(budget_bytes), -30), 1) + " GiB now: measuring again");
+  } else if (!too_short.empty()) {
+    log::info("plan cache: " + entry + ": " + too_short + "; measuring again");
+  } else {
+    for (const auto& change : cache.changes(key, scope)) log::info("plan cache miss: " + change);
+  }
+
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<int64_t> batches = time_sizes ? std::vector<int64_t>{8, 16, 32} : std::vector<int64_t>{2, 4};
   std::string batch_list;
   for (size_t i = 0; i < batches.size(); ++i) batch_list += (i ? ", " : "") + std::to_string(batches[i]);
   MemoryFit fit;
@@ -254,7 +353,7 @@ MemoryEvidence gather_evidence(const Config& config, const DeviceProfile& device
     fit = cpu_measurement_for_named_device(config, model, options, batches, batch_list, cache, scope,
                                            measurement_cached);
   } else {
-    fit = probe_with_activations_in_view(model, options, batches, largest_useful_micro_batch(config, world_size));
+    fit = probe_with_activations_in_view(model, options, batches, largest_useful);
     if (!fit.measured() && device.is_cuda()) {
       // Even the smallest size ran out of memory: measure below it, keeping those points.
       std::vector<ProbePoint> points = probe_memory(model, options, {1, 2, 4}).points;
@@ -262,6 +361,7 @@ MemoryEvidence gather_evidence(const Config& config, const DeviceProfile& device
       fit = fit_memory(std::move(points));
       batch_list = "1, 2, 4, " + batch_list;
     }
+    evidence.slope_known_up_to = slope_known_up_to(fit, largest_useful);
   }
   if (!measurement_cached) batch_list = list_batches(fit);
   evidence.fixed_bytes = fit.fixed_bytes;
@@ -280,27 +380,9 @@ MemoryEvidence gather_evidence(const Config& config, const DeviceProfile& device
     evidence.source += ", converted to " + draft.precision + " on " + device.name;
   }
   evidence.max_micro_batch = fit.max_batch(evidence.budget_bytes);
-
-  if (device.is_cuda() && probe_here && evidence.max_micro_batch > 0) {
-    // Throughput at powers of two up to what fits and what the per-rank batch needs.
-    const int64_t per_rank = config.trainer.global_batch / std::max(1, world_size);
-    const int64_t top = config.tuning.batch == "scale" ? evidence.max_micro_batch
-                                                       : std::min(evidence.max_micro_batch, per_rank);
-    std::vector<int64_t> sizes;
-    for (int64_t b = std::min<int64_t>(16, top); b <= top && sizes.size() < 7; b *= 2) sizes.push_back(b);
-    if (!sizes.empty()) {
-      // Confirmation by trial: a size that runs out of memory caps the micro-batch below it.
-      const auto points = probe_throughput(model, options, sizes);
-      for (const auto& p : points) {
-        if (p.oom) {
-          evidence.max_micro_batch = std::min(evidence.max_micro_batch, p.batch - 1);
-          evidence.source += "; out of memory at " + std::to_string(p.batch) + " in trial";
-        } else if (p.seconds_per_step > 0) {
-          evidence.throughput.emplace_back(p.batch, static_cast<double>(p.batch) / p.seconds_per_step);
-        }
-      }
-      evidence.throughput_choice = choose_by_throughput(points);
-    }
+  // Throughput at powers of two up to what fits and what the per-rank batch needs.
+  if (time_sizes && evidence.max_micro_batch > 0) {
+    complete_throughput(evidence, throughput_sizes(config, evidence, world_size), model, options);
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   log::info(log::str("measured in ", log::fixed(seconds, 1), " s: ", evidence.source));

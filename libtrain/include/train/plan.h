@@ -37,6 +37,10 @@ struct MemoryEvidence {
   std::string source;            // "probe on cuda:0 at 8, 16, 32", "plan cache", ...
   std::vector<std::pair<int64_t, double>> throughput;  // (micro-batch, samples/s), ascending
   int64_t throughput_choice = 0; // smallest micro-batch after which doubling gains < 5%; 0 = none
+  // The largest micro-batch the memory probe could measure at when its peaks were still flat (the
+  // slope then undercounts the activations beyond it); 0 when the peaks followed the activations.
+  // A plan that could use a larger micro-batch measures again instead of reusing this evidence.
+  int64_t slope_known_up_to = 0;
 };
 
 struct Plan {

@@ -2,9 +2,11 @@
 // The plan cache: memory and throughput measurements keyed by everything that changes them, so
 // that a second run on the same machine plans without probing.
 //
-// Key: device (spec, name, memory, compute capability), LibTorch/CUDA versions, model signature
-// (parameter count and shapes), input shape, world size, precision and layout, optimizer,
-// memory fraction. One JSON file per key in the cache directory.
+// Key: device (spec, name, memory, compute capability), LibTorch/CUDA/cuDNN versions, model
+// signature (parameter count and shapes), input shape, world size, precision and layout,
+// optimizer, memory fraction. Not the batch settings: another global batch or tuning.batch mode
+// reuses the measurement and times only the micro-batch sizes not timed yet. One JSON file per
+// key in the cache directory.
 #include <train/plan.h>
 
 #include <optional>
@@ -26,6 +28,7 @@ class PlanCache {
   explicit PlanCache(const std::string& dir = "");
   const std::string& dir() const { return dir_; }
 
+  // The evidence stored under `key`, its source as stored; none on a miss or a damaged entry.
   std::optional<MemoryEvidence> find(const PlanCacheKey& key) const;
   // Writes the entry atomically and remembers the key as the latest for `scope` (for example
   // the config file), so that the next miss under the same scope can say what changed.
