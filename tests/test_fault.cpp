@@ -428,6 +428,16 @@ TEST_CASE("out of memory: the plan cache remembers the micro-batch that fits for
   CHECK(second.plan.accum_steps == 2);
   CHECK(second.plan.global_batch == 32);
   CHECK_THAT(second.plan.to_text(), Catch::Contains("out of memory at micro-batch 32 during training"));
+  // Recorded again from a plan that read the cache: stored as measured, said once to come from it.
+  REQUIRE(second.record_oom);
+  second.record_oom(16, 8);
+  RunParts third = prepare_run(config);
+  CHECK(third.plan.micro_batch == 8);
+  const std::string& source = third.plan.memory.source;
+  CAPTURE(source);
+  CHECK(source.rfind("plan cache ", 0) == 0);
+  CHECK(source.find("plan cache ", 1) == std::string::npos);
+  CHECK_THAT(source, Catch::Contains("out of memory at micro-batch 16 during training"));
 
   // A micro-batch fixed in the config is the user's choice: nothing is recorded.
   RunParts fixed = prepare_run(config_for("wide_mlp", {"tuning.cache_dir=" + cache, "tuning.micro_batch=8"}));

@@ -573,6 +573,9 @@ RunParts prepare_run_unlocated(const Config& config, const RunOptions& options) 
                                                                     static_cast<int>(world_size)),
                     scope = cache_scope(config), evidence = inputs.memory](int64_t failed, int64_t fits) mutable {
       evidence.max_micro_batch = evidence.max_micro_batch > 0 ? std::min(evidence.max_micro_batch, fits) : fits;
+      // Stored as measured: a plan that reads it back says itself that it came from the cache.
+      const std::string from_cache = "plan cache " + key.hash() + ", from ";
+      if (evidence.source.rfind(from_cache, 0) == 0) evidence.source.erase(0, from_cache.size());
       evidence.source += (evidence.source.empty() ? "" : "; ") +
                          log::str("out of memory at micro-batch ", failed, " during training");
       PlanCache cache(dir);
