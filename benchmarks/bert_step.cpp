@@ -5,6 +5,7 @@
 //
 //   bench_bert_step --preset bert-base --batch 64 --seq 128 --steps 40 --warmup 10 --window 5
 //                   --device cuda --precision bf16|fp32 --attention auto|fused|plain [--threads N]
+//                   [--serve 0|1]   (1: set up once, then time and print a line per "run" on stdin)
 // Prints one JSON line: {"impl":"cpp", "seq_per_s": median over windows, "min", "max", the
 // optimizer path ("adamw fused"), the attention that ran, the model's sizes and parameter count,
 // and two checksums of the batch (bert_step.py builds the same batch from the same seed)}.
@@ -25,6 +26,8 @@
 #include <torch/torch.h>
 
 #include "step_timing.h"
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -52,6 +55,7 @@ struct Args {
   int threads = 0;  // 0 = LibTorch's default
   std::string save_check;
   int check_steps = 2;
+  bool serve = false;
 };
 
 [[noreturn]] void usage_error(const std::string& message) {
@@ -77,6 +81,10 @@ Args parse(int argc, char** argv) {
     else if (k == "--threads") a.threads = std::stoi(v);
     else if (k == "--save-check") a.save_check = v;
     else if (k == "--check-steps") a.check_steps = std::stoi(v);
+    else if (k == "--serve") {
+      if (v != "0" && v != "1") usage_error("--serve is 0 or 1, got " + v);
+      a.serve = v == "1";
+    }
     else usage_error("unknown argument " + k);
   }
   if (a.precision != "bf16" && a.precision != "fp32") usage_error("--precision is bf16 or fp32, got " + a.precision);
@@ -192,20 +200,21 @@ int run(const Args& a) {
     return 0;
   }
 
-  const bench::Rates rates =
-      bench::time_windows(step, [&] { sync(device); }, a.warmup, a.steps, a.window, a.batch);
-  std::cout << "{\"impl\":\"cpp\",\"preset\":\"" << a.preset << "\",\"layers\":" << sizes.num_layers
-            << ",\"hidden\":" << sizes.hidden_size << ",\"heads\":" << sizes.num_heads
-            << ",\"intermediate\":" << sizes.intermediate_size << ",\"vocab\":" << vocab
-            << ",\"params\":" << train::models::count_parameters(*model) << ",\"batch\":" << a.batch
-            << ",\"seq\":" << a.seq << ",\"precision\":\"" << a.precision << "\",\"attention\":\""
-            << attention_name(bert.attention()) << "\",\"optimizer\":\"" << train::optimizer_impl(*optimizer)
-            << "\",\"threads\":" << at::get_num_threads()
-            << ",\"targets\":" << data.labels.ne(-100).sum().item<int64_t>()
-            << ",\"input_sum\":" << data.input.sum().item<int64_t>() << ",\"windows\":" << rates.sorted.size()
-            << ",\"seq_per_s\":" << rates.median() << ",\"min\":" << rates.min() << ",\"max\":" << rates.max() << "}"
-            << std::endl;
-  return 0;
+  return bench::run_or_serve(a.serve, [&] {
+    const bench::Rates rates =
+        bench::time_windows(step, [&] { sync(device); }, a.warmup, a.steps, a.window, a.batch);
+    std::cout << "{\"impl\":\"cpp\",\"pid\":" << getpid() << ",\"preset\":\"" << a.preset << "\",\"layers\":" << sizes.num_layers
+              << ",\"hidden\":" << sizes.hidden_size << ",\"heads\":" << sizes.num_heads
+              << ",\"intermediate\":" << sizes.intermediate_size << ",\"vocab\":" << vocab
+              << ",\"params\":" << train::models::count_parameters(*model) << ",\"batch\":" << a.batch
+              << ",\"seq\":" << a.seq << ",\"precision\":\"" << a.precision << "\",\"attention\":\""
+              << attention_name(bert.attention()) << "\",\"optimizer\":\"" << train::optimizer_impl(*optimizer)
+              << "\",\"threads\":" << at::get_num_threads()
+              << ",\"targets\":" << data.labels.ne(-100).sum().item<int64_t>()
+              << ",\"input_sum\":" << data.input.sum().item<int64_t>() << ",\"windows\":" << rates.sorted.size()
+              << ",\"seq_per_s\":" << rates.median() << ",\"min\":" << rates.min() << ",\"max\":" << rates.max() << "}"
+              << std::endl;
+  });
 }
 
 }  // namespace

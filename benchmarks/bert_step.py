@@ -20,6 +20,7 @@ model's; prints one JSON line and exits 1 when they differ by more than the tole
 import argparse
 import json
 import math
+import os
 import struct
 import sys
 
@@ -27,7 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from step_timing import median, time_windows
+from step_timing import median, run_or_serve, time_windows
 
 # Sizes of train's presets (BertOptions::preset): layers, hidden, heads; intermediate 4 x hidden,
 # 512 positions, vocab 30522, 2 token types.
@@ -253,6 +254,8 @@ def main():
                    help="torch.optim.AdamW(fused=True) or (foreach=True); compare_bert.py passes the C++ side's")
     p.add_argument("--threads", type=int, default=0, help="intra-op CPU threads; 0 = PyTorch's default")
     p.add_argument("--check", default="", help="a file from bench_bert_step --save-check: compare instead of timing")
+    p.add_argument("--serve", type=int, default=0, choices=[0, 1],
+                   help="1: set up once, then time and print a line for each 'run' on standard input")
     a = p.parse_args()
 
     device = torch.device(a.device)
@@ -271,13 +274,16 @@ def main():
     inputs, labels = make_batch(a.batch, a.seq, device)
     step = make_step(model, optimizer, inputs, labels, device, a.precision == "bf16")
 
-    rates = time_windows(step, device, a.warmup, a.steps, a.window, a.batch)
-    print(json.dumps({"impl": "python", "preset": a.preset, **model.sizes,
-                      "params": sum(q.numel() for q in model.parameters()), "batch": a.batch, "seq": a.seq,
-                      "precision": a.precision, "attention": a.attention, "optimizer": f"adamw {a.optim_impl}",
-                      "threads": torch.get_num_threads(), "targets": int((labels != -100).sum()),
-                      "input_sum": int(inputs.sum()), "windows": len(rates), "seq_per_s": median(rates),
-                      "min": rates[0], "max": rates[-1]}), flush=True)
+    def run():
+        rates = time_windows(step, device, a.warmup, a.steps, a.window, a.batch)
+        print(json.dumps({"impl": "python", "pid": os.getpid(), "preset": a.preset, **model.sizes,
+                          "params": sum(q.numel() for q in model.parameters()), "batch": a.batch, "seq": a.seq,
+                          "precision": a.precision, "attention": a.attention, "optimizer": f"adamw {a.optim_impl}",
+                          "threads": torch.get_num_threads(), "targets": int((labels != -100).sum()),
+                          "input_sum": int(inputs.sum()), "windows": len(rates), "seq_per_s": median(rates),
+                          "min": rates[0], "max": rates[-1]}), flush=True)
+
+    run_or_serve(a.serve, run)
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from rounds import check_rounds, spread_flag
+from rounds import Side, check_rounds, spread_flag
 
 
 def train_flops_per_sequence(layers, hidden, intermediate, vocab, seq, targets_per_sequence):
@@ -100,6 +100,10 @@ def main():
     p.add_argument("--threads", type=int, default=0, help="intra-op CPU threads for both sides; 0 = default")
     p.add_argument("--check", action="store_true", help="run the same-model check first")
     p.add_argument("--check-preset", default="bert-tiny")
+    p.add_argument("--processes", default="serve", choices=["serve", "fresh"],
+                   help="serve: one process per side, kept across rounds (a round costs its steps); fresh: a "
+                        "new process per round (each round also pays and samples the start: CUDA context, cuDNN "
+                        "autotuning)")
     p.add_argument("--spread-warn", type=float, default=0.20,
                    help="flag a run whose fastest window is more than this fraction above its slowest")
     p.add_argument("--peak-tflops", type=float, default=0.0, help="device peak for the precision used")
@@ -115,22 +119,28 @@ def main():
     common = ["--preset", a.preset, "--batch", str(a.batch), "--seq", str(a.seq), "--steps", str(a.steps),
               "--warmup", str(a.warmup), "--window", str(a.window), "--device", a.device,
               "--precision", a.precision] + threads(a)
-    cpp_cmd = [a.bin] + common + ["--attention", a.attention]
-    py_cmd = None  # set from the first C++ run, which always comes first
+    # The Python side is made from the first C++ run (attention, optimizer), which always comes first.
+    sides = {"cpp": Side([a.bin] + common + ["--attention", a.attention], a.processes), "python": None}
     runs = {"cpp": [], "python": []}
-    for r in range(a.rounds):
-        for name in (("cpp", "python") if r % 2 == 0 else ("python", "cpp")):
-            t0 = time.time()
-            res, _ = run(cpp_cmd if name == "cpp" else py_cmd)
-            res["wall_s"] = round(time.time() - t0, 1)
-            res["spread"] = res["max"] / res["min"] - 1
-            runs[name].append(res)
-            if py_cmd is None:
-                py_cmd = [a.python, py_script] + common + ["--attention", res["attention"],
-                                                          "--optim-impl", res["optimizer"].split()[-1]]
-            flag = spread_flag(res, a.spread_warn, "seq/s", f"round {r} {name}", warnings)
-            print(f"round {r} {name}: {res['seq_per_s']:.1f} seq/s (windows {res['min']:.1f}-{res['max']:.1f})"
-                  f"{flag}", flush=True)
+    try:
+        for r in range(a.rounds):
+            for name in (("cpp", "python") if r % 2 == 0 else ("python", "cpp")):
+                t0 = time.time()
+                res = sides[name].run()
+                res["wall_s"] = round(time.time() - t0, 1)
+                res["spread"] = res["max"] / res["min"] - 1
+                runs[name].append(res)
+                if sides["python"] is None:
+                    sides["python"] = Side([a.python, py_script] + common +
+                                           ["--attention", res["attention"], "--optim-impl",
+                                            res["optimizer"].split()[-1]], a.processes)
+                flag = spread_flag(res, a.spread_warn, "seq/s", f"round {r} {name}", warnings)
+                print(f"round {r} {name}: {res['seq_per_s']:.1f} seq/s (windows {res['min']:.1f}-{res['max']:.1f}, "
+                      f"{res['wall_s']} s){flag}", flush=True)
+    finally:
+        for side in sides.values():
+            if side is not None:
+                side.close()
 
     first = {name: runs[name][0] for name in runs}
     for key in ("layers", "hidden", "heads", "intermediate", "vocab", "params", "targets", "input_sum",
@@ -156,7 +166,8 @@ def main():
     print(f"\nBERT-{a.preset.removeprefix('bert-')} MLM, batch {a.batch}, seq {a.seq}, {a.precision}, "
           f"attention {c['attention']}, {c['optimizer']}, {c['params'] / 1e6:.1f} M parameters, "
           f"{flops / 1e9:.2f} GFLOP per sequence, "
-          f"{a.device}{f', {a.threads} threads' if a.threads else ''}, {a.rounds} interleaved rounds")
+          f"{a.device}{f', {a.threads} threads' if a.threads else ''}, {a.rounds} interleaved rounds "
+          f"({'one process per side, kept' if a.processes == 'serve' else 'a new process per round'})")
     print("| impl | rounds (seq/s) | median seq/s | MFU |")
     print("|---|---|---|---|")
     for name, med, mfu, each in rows:

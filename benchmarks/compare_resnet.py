@@ -20,25 +20,15 @@ trustworthy.
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from rounds import check_rounds, spread_flag
+from rounds import Side, check_rounds, spread_flag
 
 # Forward multiply-accumulates at 224x224 (torchvision's reference figures); training is about
 # 3x the forward FLOPs (forward + backward for activations and for weights).
 FORWARD_GMACS_224 = {18: 1.814, 34: 3.664, 50: 4.089}
-
-
-def run(cmd):
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    if out.returncode == 0:
-        for line in out.stdout.splitlines():
-            if line.startswith("{"):
-                return json.loads(line)
-    raise RuntimeError(f"no JSON (exit {out.returncode}) from {' '.join(cmd)}:\n{out.stdout}\n{out.stderr}")
 
 
 def main():
@@ -57,6 +47,10 @@ def main():
     p.add_argument("--channels-last", type=int, default=1)
     p.add_argument("--optim-impl", default="auto", choices=["auto", "fused", "foreach", "loop"],
                    help="the C++ side's optim.impl; the Python side runs what the C++ side reports")
+    p.add_argument("--processes", default="serve", choices=["serve", "fresh"],
+                   help="serve: one process per side, kept across rounds (a round costs its steps); fresh: a "
+                        "new process per round (each round also pays and samples the start: CUDA context, cuDNN "
+                        "autotuning)")
     p.add_argument("--spread-warn", type=float, default=0.20,
                    help="flag a run whose fastest window is more than this fraction above its slowest")
     p.add_argument("--peak-tflops", type=float, default=0.0, help="device peak for the precision used")
@@ -67,22 +61,28 @@ def main():
     common = ["--depth", str(a.depth), "--batch", str(a.batch), "--image", str(a.image),
               "--steps", str(a.steps), "--warmup", str(a.warmup), "--window", str(a.window), "--device", a.device,
               "--precision", a.precision, "--channels-last", str(a.channels_last)]
-    cpp_cmd = [a.bin] + common + ["--optim-impl", a.optim_impl]
     py_script = str(Path(__file__).with_name("resnet_step.py"))
-    py_cmd = None  # set from the first C++ run, which always comes first
+    # The Python side is made from the first C++ run (its optimizer), which always comes first.
+    sides = {"cpp": Side([a.bin] + common + ["--optim-impl", a.optim_impl], a.processes), "python": None}
     runs = {"cpp": [], "python": []}
-    for r in range(a.rounds):
-        for name in (("cpp", "python") if r % 2 == 0 else ("python", "cpp")):
-            t0 = time.time()
-            res = run(cpp_cmd if name == "cpp" else py_cmd)
-            res["wall_s"] = round(time.time() - t0, 1)
-            res["spread"] = res["max"] / res["min"] - 1
-            runs[name].append(res)
-            if py_cmd is None:
-                py_cmd = [a.python, py_script] + common + ["--optim-impl", res["optimizer"].split()[-1]]
-            flag = spread_flag(res, a.spread_warn, "img/s", f"round {r} {name}", warnings)
-            print(f"round {r} {name}: {res['img_per_s']:.1f} img/s (windows {res['min']:.1f}-{res['max']:.1f}, "
-                  f"{res['optimizer']}){flag}", flush=True)
+    try:
+        for r in range(a.rounds):
+            for name in (("cpp", "python") if r % 2 == 0 else ("python", "cpp")):
+                t0 = time.time()
+                res = sides[name].run()
+                res["wall_s"] = round(time.time() - t0, 1)
+                res["spread"] = res["max"] / res["min"] - 1
+                runs[name].append(res)
+                if sides["python"] is None:
+                    sides["python"] = Side([a.python, py_script] + common +
+                                           ["--optim-impl", res["optimizer"].split()[-1]], a.processes)
+                flag = spread_flag(res, a.spread_warn, "img/s", f"round {r} {name}", warnings)
+                print(f"round {r} {name}: {res['img_per_s']:.1f} img/s (windows {res['min']:.1f}-{res['max']:.1f}, "
+                      f"{res['optimizer']}, {res['wall_s']} s){flag}", flush=True)
+    finally:
+        for side in sides.values():
+            if side is not None:
+                side.close()
 
     for key in ("depth", "batch", "image", "precision", "channels_last", "params", "optimizer", "steps", "windows"):
         values = {x[key] for side in runs.values() for x in side}
@@ -105,7 +105,7 @@ def main():
                     "round_ratio_range": [min(pr), max(pr)], "warnings": warnings})
     print(f"\nResNet-{a.depth}, batch {a.batch}, {a.image}px, {a.precision}, channels_last={a.channels_last}, "
           f"{c['optimizer']} on both sides, {c['params'] / 1e6:.2f} M parameters, {a.device}, "
-          f"{a.rounds} interleaved rounds")
+          f"{a.rounds} interleaved rounds ({'one process per side, kept' if a.processes == 'serve' else 'a new process per round'})")
     print("| impl | rounds (img/s) | median img/s | MFU |")
     print("|---|---|---|---|")
     for name, med, mfu, each in rows:

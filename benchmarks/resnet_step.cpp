@@ -4,12 +4,13 @@
 //
 //   bench_resnet_step --depth 18|34|50 --batch 256 --steps 60 --warmup 15 --window 5 --device cuda
 //                     --precision bf16|fp32 --channels-last 0|1 --image 224
-//                     --optim-impl auto|fused|foreach|loop
+//                     --optim-impl auto|fused|foreach|loop [--serve 0|1]
 // SGD (lr 0.1, momentum 0.9, weight decay 5e-5 on tensors of 2+ dimensions) from train's
 // make_optimizer with optim.impl = --optim-impl (auto: the fused kernel where LibTorch has one for
 // the device, else foreach). Prints one JSON line: {"impl":"cpp", "optimizer": "sgd fused" (what
 // ran), "params": parameter count, "img_per_s": median over windows, "min", "max", ...}; exit 2
-// with a message on a bad argument.
+// with a message on a bad argument. --serve 1: set up once, then warm up, time and print a line for
+// each "run" read from standard input (step_timing.h's run_or_serve).
 #include <train/amp.h>
 #include <train/config.h>
 #include <train/host_memory.h>
@@ -19,6 +20,8 @@
 #include <torch/torch.h>
 
 #include "step_timing.h"
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -42,6 +45,7 @@ struct Args {
   std::string precision = "bf16";
   bool channels_last = true;
   std::string optim_impl = "auto";
+  bool serve = false;
 };
 
 [[noreturn]] void usage_error(const std::string& message) {
@@ -80,6 +84,10 @@ Args parse(int argc, char** argv) {
       if (v != "0" && v != "1") usage_error("--channels-last is 0 or 1, got " + v);
       a.channels_last = v == "1";
     } else if (k == "--optim-impl") a.optim_impl = v;
+    else if (k == "--serve") {
+      if (v != "0" && v != "1") usage_error("--serve is 0 or 1, got " + v);
+      a.serve = v == "1";
+    }
     else usage_error("unknown argument " + k);
   }
   if (a.depth != 18 && a.depth != 34 && a.depth != 50) usage_error("--depth is 18, 34 or 50");
@@ -149,12 +157,13 @@ int main(int argc, char** argv) {
     loss.backward();
     optimizer->step();
   };
-  const bench::Rates rates =
-      bench::time_windows(step, [&] { sync(device); }, a.warmup, a.steps, a.window, a.batch);
-  std::cout << "{\"impl\":\"cpp\",\"depth\":" << a.depth << ",\"batch\":" << a.batch << ",\"image\":" << a.image
-            << ",\"precision\":\"" << a.precision << "\",\"channels_last\":" << (a.channels_last ? "true" : "false")
-            << ",\"optimizer\":\"" << train::optimizer_impl(*optimizer) << "\",\"params\":" << params
-            << ",\"steps\":" << a.steps << ",\"windows\":" << rates.sorted.size() << ",\"img_per_s\":" << rates.median()
-            << ",\"min\":" << rates.min() << ",\"max\":" << rates.max() << "}" << std::endl;
-  return 0;
+  return bench::run_or_serve(a.serve, [&] {
+    const bench::Rates rates =
+        bench::time_windows(step, [&] { sync(device); }, a.warmup, a.steps, a.window, a.batch);
+    std::cout << "{\"impl\":\"cpp\",\"pid\":" << getpid() << ",\"depth\":" << a.depth << ",\"batch\":" << a.batch << ",\"image\":" << a.image
+              << ",\"precision\":\"" << a.precision << "\",\"channels_last\":" << (a.channels_last ? "true" : "false")
+              << ",\"optimizer\":\"" << train::optimizer_impl(*optimizer) << "\",\"params\":" << params
+              << ",\"steps\":" << a.steps << ",\"windows\":" << rates.sorted.size() << ",\"img_per_s\":" << rates.median()
+              << ",\"min\":" << rates.min() << ",\"max\":" << rates.max() << "}" << std::endl;
+  });
 }

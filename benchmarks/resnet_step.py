@@ -13,11 +13,12 @@ loop on CPU). compare_resnet.py passes what the C++ side reports.
 """
 import argparse
 import json
+import os
 
 import torch
 import torchvision
 
-from step_timing import median, time_windows
+from step_timing import median, run_or_serve, time_windows
 
 
 def main():
@@ -35,6 +36,8 @@ def main():
                    help="torch.optim.SGD: fused=True, foreach=True, the per-parameter loop (foreach=False, as "
                         "torch::optim::SGD), or PyTorch's default (foreach on CUDA, the loop on CPU); "
                         "compare_resnet.py passes the C++ side's")
+    p.add_argument("--serve", type=int, default=0, choices=[0, 1],
+                   help="1: set up once, then time and print a line for each 'run' on standard input")
     a = p.parse_args()
     for name in ("batch", "image", "steps", "window"):
         if getattr(a, name) < 1:
@@ -74,12 +77,15 @@ def main():
         loss.backward()
         optimizer.step()
 
-    rates = time_windows(step, device, a.warmup, a.steps, a.window, a.batch)
-    print(json.dumps({"impl": "python", "depth": a.depth, "batch": a.batch, "image": a.image,
-                      "precision": a.precision, "channels_last": bool(a.channels_last),
-                      "optimizer": f"sgd {ran}", "params": sum(q.numel() for q in model.parameters()),
-                      "steps": a.steps, "windows": len(rates), "img_per_s": median(rates),
-                      "min": rates[0], "max": rates[-1]}), flush=True)
+    def run():
+        rates = time_windows(step, device, a.warmup, a.steps, a.window, a.batch)
+        print(json.dumps({"impl": "python", "pid": os.getpid(), "depth": a.depth, "batch": a.batch, "image": a.image,
+                          "precision": a.precision, "channels_last": bool(a.channels_last),
+                          "optimizer": f"sgd {ran}", "params": sum(q.numel() for q in model.parameters()),
+                          "steps": a.steps, "windows": len(rates), "img_per_s": median(rates),
+                          "min": rates[0], "max": rates[-1]}), flush=True)
+
+    run_or_serve(a.serve, run)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,11 @@
-"""Interleaved rounds, as the compare_*.py scripts run them: how many make a median worth reading."""
+"""Interleaved rounds, as the compare_*.py scripts run them: how many make a median worth reading,
+and the two ways of running a side's rounds (a fresh process each, or one process kept)."""
+import json
+import queue
+import subprocess
 import sys
+import tempfile
+import threading
 
 
 def check_rounds(parser, rounds):
@@ -23,3 +29,80 @@ def spread_flag(res, limit, unit, label, warnings):
         return ""
     warnings.append(f"{label}: windows {res['min']:.1f}-{res['max']:.1f} {unit}, spread {100 * res['spread']:.0f} %")
     return f"  <- windows spread {100 * res['spread']:.0f} % (> {100 * limit:.0f} %)"
+
+
+class Side:
+    """One side of a comparison, whose run() prints one JSON line.
+
+    processes="fresh": every run() starts `cmd` anew and reads its JSON line, so that each round
+    pays the process start again (LibTorch or Python + torch loading, the CUDA context, cuDNN
+    autotuning) and samples it (the algorithms cuDNN picks may differ between processes).
+    processes="serve": the first run() starts `cmd --serve 1` and waits for its "ready"; every run()
+    then writes "run" and reads the JSON line, and close() ends it. The two sides' processes stay
+    alive side by side, so both hold their GPU memory for the whole comparison, but only one runs
+    at a time: the idle one waits on its standard input. A round then costs its steps alone.
+    """
+
+    def __init__(self, cmd, processes, timeout_s=600):
+        if processes not in ("fresh", "serve"):
+            raise ValueError(f"processes is fresh or serve, not {processes!r}")
+        self.cmd, self.processes, self.timeout_s = cmd, processes, timeout_s
+        self.proc, self.lines, self.stderr = None, None, None
+
+    def _fail(self, what):
+        err = ""
+        if self.stderr is not None:
+            self.stderr.seek(0)
+            err = self.stderr.read()
+        raise RuntimeError(f"{what} from {' '.join(self.cmd)}:\n{err}")
+
+    def _next_line(self):
+        try:
+            line = self.lines.get(timeout=self.timeout_s)
+        except queue.Empty:
+            self.proc.kill()
+            self._fail(f"no line within {self.timeout_s} s")
+        if line is None:
+            self._fail(f"exit {self.proc.wait()} before its line")
+        return line
+
+    def run(self):
+        if self.processes == "fresh":
+            out = subprocess.run(self.cmd, capture_output=True, text=True, timeout=self.timeout_s)
+            if out.returncode == 0:
+                for line in out.stdout.splitlines():
+                    if line.startswith("{"):
+                        return json.loads(line)
+            raise RuntimeError(f"no JSON (exit {out.returncode}) from {' '.join(self.cmd)}:\n{out.stdout}\n{out.stderr}")
+        if self.proc is None:
+            self.stderr = tempfile.TemporaryFile(mode="w+")
+            self.proc = subprocess.Popen(self.cmd + ["--serve", "1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=self.stderr, text=True, bufsize=1)
+            self.lines = queue.Queue()
+
+            def read(out, lines):
+                for line in out:
+                    lines.put(line.rstrip("\n"))
+                lines.put(None)
+
+            threading.Thread(target=read, args=(self.proc.stdout, self.lines), daemon=True).start()
+            while self._next_line() != "ready":
+                pass
+        self.proc.stdin.write("run\n")
+        self.proc.stdin.flush()
+        while True:
+            line = self._next_line()
+            if line.startswith("{"):
+                return json.loads(line)
+
+    def close(self):
+        if self.proc is None:
+            return
+        try:
+            self.proc.stdin.write("quit\n")
+            self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None

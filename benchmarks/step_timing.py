@@ -4,6 +4,7 @@ exactly `steps` have run (the last window shorter when `window` does not divide 
 device synchronised at each window's end; each window's rate is items per second. Returns the
 rates, ascending. The median of an even number of windows is the mean of the two middle ones, on
 both sides."""
+import sys
 import time
 
 import torch
@@ -37,3 +38,21 @@ def time_windows(step, device, warmup, steps, window, items_per_step):
         rates.append(items_per_step * n / (time.perf_counter() - t0))
         done += n
     return sorted(rates)
+
+
+def run_or_serve(serve, run):
+    """Runs `run` (warmup, timed windows, one JSON line) once; or, with `serve`, prints "ready" and
+    runs once per line "run" on standard input until "quit" or the end of input, as step_timing.h's
+    run_or_serve() does for the C++ sides (compare_resnet.py and compare_bert.py alternate two kept
+    processes this way)."""
+    if not serve:
+        run()
+        return
+    print("ready", flush=True)
+    for line in sys.stdin:
+        command = line.strip()
+        if command == "quit":
+            break
+        if command != "run":
+            sys.exit(f"unknown command {command!r} (run or quit)")
+        run()

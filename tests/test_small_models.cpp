@@ -1,7 +1,10 @@
 #include "testing.h"
 
+#include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <map>
+#include <regex>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -141,4 +144,53 @@ TEST_CASE("configs/bench: valid configs with the benchmark's fixed settings", "[
     CHECK(c.data.std == std::vector<double>{0.3530});
     CHECK_NOTHROW(make_model(c.model));
   }
+}
+
+TEST_CASE("benchmarks: compare_resnet.py and compare_bert.py keep one process per side across rounds, or start one a round",
+          "[python][bench]") {
+  // Tiny CPU runs of the GPU comparisons: each round's JSON names the process that ran it.
+  const std::string dir = train::files::make_temp_directory("train_bench_serve_");
+  const std::string bin = std::string(TRAIN_BINARY_DIR) + "/bin/";
+  const std::string resnet = std::string(" \"") + TRAIN_SOURCE_DIR + "/benchmarks/compare_resnet.py\" --bin \"" + bin +
+                             "bench_resnet_step\" --device cpu --depth 18 --batch 2 --image 32 --steps 2 --warmup 1 "
+                             "--window 1 --precision fp32 --channels-last 0 --rounds 3";
+  const std::string bert = std::string(" \"") + TRAIN_SOURCE_DIR + "/benchmarks/compare_bert.py\" --bin \"" + bin +
+                           "bench_bert_step\" --device cpu --preset bert-tiny --batch 2 --seq 16 --steps 2 --warmup 1 "
+                           "--window 1 --precision fp32 --rounds 3 --threads 1";
+  // {side: the pid of each round}, read from the script's --out file.
+  auto pids_of = [&](const std::string& script_args, const std::string& processes) {
+    const std::string out = train::files::join(dir, "out.json");
+    const std::string cmd = std::string("\"") + TRAIN_PYTHON + "\"" + script_args + " --processes " + processes +
+                            " --out \"" + out + "\" > \"" + dir + "/log.txt\" 2>&1";
+    INFO(cmd);
+    const int rc = std::system(cmd.c_str());
+    std::ifstream log(dir + "/log.txt");
+    INFO(std::string(std::istreambuf_iterator<char>(log), {}));
+    REQUIRE(rc == 0);
+    std::ifstream in(out);
+    const std::string text{std::istreambuf_iterator<char>(in), {}};
+    std::map<std::string, std::vector<std::string>> pids;
+    const std::regex run("\"impl\": \"(cpp|python)\",\\s*\"pid\": ([0-9]+)");
+    for (std::sregex_iterator it(text.begin(), text.end(), run), end; it != end; ++it) {
+      pids[(*it)[1]].push_back((*it)[2]);
+    }
+    return pids;
+  };
+  for (const std::string& script : {resnet, bert}) {
+    INFO(script);
+    auto kept = pids_of(script, "serve");
+    for (const char* side : {"cpp", "python"}) {
+      REQUIRE(kept[side].size() == 3);
+      CHECK(kept[side][0] == kept[side][1]);
+      CHECK(kept[side][1] == kept[side][2]);
+    }
+    if (script == bert) continue;  // the same Side class starts both scripts' processes
+    auto fresh = pids_of(script, "fresh");
+    for (const char* side : {"cpp", "python"}) {
+      REQUIRE(fresh[side].size() == 3);
+      CHECK(fresh[side][0] != fresh[side][1]);
+      CHECK(fresh[side][1] != fresh[side][2]);
+    }
+  }
+  train::files::remove_all(dir);
 }
