@@ -251,6 +251,11 @@ TEST_CASE("plan: precision and layout per device", "[plan]") {
   CHECK(make_plan(c, gpu_profile(6), conv).precision == "fp32");  // no tensor cores
   const Plan cpu = make_plan(c, cpu_profile(), conv);
   CHECK(cpu.precision == "fp32");
+  CHECK_THAT(cpu.to_text(), !Catch::Contains("AMX"));
+  DeviceProfile amx = cpu_profile();
+  amx.cpu_isa = "amx_tile avx512_bf16 avx512f avx2 fma";
+  CHECK(make_plan(c, amx, conv).precision == "fp32");  // the CPU default stays fp32, and the plan says what bf16 would do
+  CHECK_THAT(make_plan(c, amx, conv).to_text(), Catch::Contains("AMX tile units") && Catch::Contains("precision.mode: bf16"));
   CHECK_FALSE(cpu.channels_last);  // no oneDNN
   CHECK_THAT(cpu.to_text(), Catch::Contains("no oneDNN"));
   DeviceProfile onednn = cpu_profile();
