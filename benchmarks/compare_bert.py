@@ -40,10 +40,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from rounds import Side, check_rounds, spread_flag
+from rounds import check_rounds, run_interleaved
 
 
 def train_flops_per_sequence(layers, hidden, intermediate, vocab, seq, targets_per_sequence):
@@ -119,28 +118,11 @@ def main():
     common = ["--preset", a.preset, "--batch", str(a.batch), "--seq", str(a.seq), "--steps", str(a.steps),
               "--warmup", str(a.warmup), "--window", str(a.window), "--device", a.device,
               "--precision", a.precision] + threads(a)
-    # The Python side is made from the first C++ run (attention, optimizer), which always comes first.
-    sides = {"cpp": Side([a.bin] + common + ["--attention", a.attention], a.processes), "python": None}
-    runs = {"cpp": [], "python": []}
-    try:
-        for r in range(a.rounds):
-            for name in (("cpp", "python") if r % 2 == 0 else ("python", "cpp")):
-                t0 = time.time()
-                res = sides[name].run()
-                res["wall_s"] = round(time.time() - t0, 1)
-                res["spread"] = res["max"] / res["min"] - 1
-                runs[name].append(res)
-                if sides["python"] is None:
-                    sides["python"] = Side([a.python, py_script] + common +
-                                           ["--attention", res["attention"], "--optim-impl",
-                                            res["optimizer"].split()[-1]], a.processes)
-                flag = spread_flag(res, a.spread_warn, "seq/s", f"round {r} {name}", warnings)
-                print(f"round {r} {name}: {res['seq_per_s']:.1f} seq/s (windows {res['min']:.1f}-{res['max']:.1f}, "
-                      f"{res['wall_s']} s){flag}", flush=True)
-    finally:
-        for side in sides.values():
-            if side is not None:
-                side.close()
+    runs = run_interleaved(
+        [a.bin] + common + ["--attention", a.attention],
+        lambda res: [a.python, py_script] + common + ["--attention", res["attention"],
+                                                      "--optim-impl", res["optimizer"].split()[-1]],
+        a.rounds, a.processes, "seq_per_s", "seq/s", a.spread_warn, warnings)
 
     first = {name: runs[name][0] for name in runs}
     for key in ("layers", "hidden", "heads", "intermediate", "vocab", "params", "targets", "input_sum",

@@ -21,10 +21,9 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
-from rounds import Side, check_rounds, spread_flag
+from rounds import check_rounds, run_interleaved
 
 # Forward multiply-accumulates at 224x224 (torchvision's reference figures); training is about
 # 3x the forward FLOPs (forward + backward for activations and for weights).
@@ -62,27 +61,10 @@ def main():
               "--steps", str(a.steps), "--warmup", str(a.warmup), "--window", str(a.window), "--device", a.device,
               "--precision", a.precision, "--channels-last", str(a.channels_last)]
     py_script = str(Path(__file__).with_name("resnet_step.py"))
-    # The Python side is made from the first C++ run (its optimizer), which always comes first.
-    sides = {"cpp": Side([a.bin] + common + ["--optim-impl", a.optim_impl], a.processes), "python": None}
-    runs = {"cpp": [], "python": []}
-    try:
-        for r in range(a.rounds):
-            for name in (("cpp", "python") if r % 2 == 0 else ("python", "cpp")):
-                t0 = time.time()
-                res = sides[name].run()
-                res["wall_s"] = round(time.time() - t0, 1)
-                res["spread"] = res["max"] / res["min"] - 1
-                runs[name].append(res)
-                if sides["python"] is None:
-                    sides["python"] = Side([a.python, py_script] + common +
-                                           ["--optim-impl", res["optimizer"].split()[-1]], a.processes)
-                flag = spread_flag(res, a.spread_warn, "img/s", f"round {r} {name}", warnings)
-                print(f"round {r} {name}: {res['img_per_s']:.1f} img/s (windows {res['min']:.1f}-{res['max']:.1f}, "
-                      f"{res['optimizer']}, {res['wall_s']} s){flag}", flush=True)
-    finally:
-        for side in sides.values():
-            if side is not None:
-                side.close()
+    runs = run_interleaved(
+        [a.bin] + common + ["--optim-impl", a.optim_impl],
+        lambda res: [a.python, py_script] + common + ["--optim-impl", res["optimizer"].split()[-1]],
+        a.rounds, a.processes, "img_per_s", "img/s", a.spread_warn, warnings, note=lambda res: res["optimizer"])
 
     for key in ("depth", "batch", "image", "precision", "channels_last", "params", "optimizer", "steps", "windows"):
         values = {x[key] for side in runs.values() for x in side}

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 
 def check_rounds(parser, rounds):
@@ -106,3 +107,32 @@ class Side:
             self.proc.kill()
             self.proc.wait()
         self.proc = None
+
+
+def run_interleaved(cpp_cmd, python_cmd_from, rounds, processes, rate_key, unit, spread_warn, warnings, note=None):
+    """Runs the C++ side and the Python side alternately, `rounds` times each (C++ first in even
+    rounds, Python first in odd ones), and returns {"cpp": [...], "python": [...]}, each run's JSON
+    with its wall time and window spread added. The Python side's command is made from the first
+    C++ run (`python_cmd_from(res)`: its optimizer, attention), which always comes first. Prints a
+    line per run: `rate_key` in `unit`, the window range, `note(res)` and the wall time."""
+    sides = {"cpp": Side(cpp_cmd, processes), "python": None}
+    runs = {"cpp": [], "python": []}
+    try:
+        for r in range(rounds):
+            for name in (("cpp", "python") if r % 2 == 0 else ("python", "cpp")):
+                t0 = time.time()
+                res = sides[name].run()
+                res["wall_s"] = round(time.time() - t0, 1)
+                res["spread"] = res["max"] / res["min"] - 1
+                runs[name].append(res)
+                if sides["python"] is None:
+                    sides["python"] = Side(python_cmd_from(res), processes)
+                flag = spread_flag(res, spread_warn, unit, f"round {r} {name}", warnings)
+                extra = f"{note(res)}, " if note else ""
+                print(f"round {r} {name}: {res[rate_key]:.1f} {unit} (windows {res['min']:.1f}-{res['max']:.1f}, "
+                      f"{extra}{res['wall_s']} s){flag}", flush=True)
+    finally:
+        for side in sides.values():
+            if side is not None:
+                side.close()
+    return runs
