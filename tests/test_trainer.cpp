@@ -789,7 +789,10 @@ TEST_CASE("cuda: the plan picks bf16 + channels_last on a tensor-core GPU and tr
       "model: {name: resnet18, in_channels: 3, num_classes: 10, width: 0.25, small_input: true}\n"
       "data: {kind: synthetic, channels: 3, image_size: 16, synthetic_train_samples: 512, synthetic_val_samples: 128}\n"
       "optim: {name: adamw, lr: 0.003}\n"
-      "trainer: {global_batch: 64, epochs: 4, device: auto}\n",
+      "trainer: {global_batch: 64, epochs: 4, device: auto}\n"
+      // The probe on the GPU has tests of its own (test_probe.cpp, test_cli.cpp); here it would
+      // only add cuDNN's autotuning of six more batch shapes.
+      "tuning: {probe: false}\n",
       "cuda.yaml");
   RunParts run = prepare_run(c);
   CHECK(run.plan.device.is_cuda());
@@ -824,6 +827,7 @@ TEST_CASE("cuda: precision fp16 (a T4's plan) trains with dynamic loss scaling o
       "optim: {name: sgd, lr: 0.05, momentum: 0.9}\n"
       "precision: {mode: fp16}\n"
       "trainer: {global_batch: 64, epochs: 4, device: cuda}\n"
+      "tuning: {probe: false}\n"  // as above: the probe is not what this test is about
       "logging: {every_steps: 4}\n",
       "fp16.yaml");
   RunParts run = prepare_run(c);
