@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <string>
 #include <unistd.h>
 #include <tuple>
@@ -643,9 +644,30 @@ TEST_CASE("to_yaml writes every key and round-trips exactly", "[config]") {
   }
 }
 
+TEST_CASE("config_changes names each key that differs with what the change means on resume", "[config]") {
+  const Config before =
+      parse_config("model: {name: resnet18}\ndata: {root: here}\ntrainer: {global_batch: 32, epochs: 1}\n", "a.yaml");
+  const Config after = parse_config(
+      "model: {name: resnet18}\ntrainer: {global_batch: 32, epochs: 1, threads: 2}\n"
+      "optim: {lr: 0.2}\ndata: {root: elsewhere, workers: 3}\nlogging: {jsonl: false}\n"
+      "tuning: {probe: false}\nprecision: {mode: bf16}\n",
+      "b.yaml");
+  auto name = [](train::OnResume r) {
+    return r == train::OnResume::Trajectory ? "trajectory" : r == train::OnResume::Execution ? "execution" : "free";
+  };
+  std::map<std::string, std::string> changed;
+  for (const train::ConfigChange& c : train::config_changes(before, after)) changed[c.key] = name(c.on_resume);
+  const std::map<std::string, std::string> expected = {
+      {"optim.lr", "trajectory"}, {"trainer.threads", "execution"}, {"precision.mode", "execution"},
+      {"data.root", "free"},      {"data.workers", "free"},         {"logging.jsonl", "free"},
+      {"tuning.probe", "free"}};
+  CHECK(changed == expected);
+  CHECK(train::config_changes(after, after).empty());
+}
+
 TEST_CASE("config_reference documents every key", "[config]") {
   const std::string reference = train::config_reference();
-  CHECK_THAT(reference, Contains("| key | type | default | allowed / range | meaning |"));
+  CHECK_THAT(reference, Contains("| key | type | default | allowed / range | on resume | meaning |"));
   for (const char* heading : {"## model", "## data", "## optim", "## schedule", "## loss",
                               "## trainer", "## tuning", "## checkpoint", "## logging"})
     CHECK_THAT(reference, Contains(heading));
@@ -653,8 +675,11 @@ TEST_CASE("config_reference documents every key", "[config]") {
        {"`optim.lr`", "`trainer.global_batch`", "`checkpoint.every_steps`", "`model.init_from`",
         "`data.std`", "`logging.jsonl`", "`tuning.max_micro_batch`"})
     CHECK_THAT(reference, Contains(key));
-  CHECK_THAT(reference, Contains("| `optim.lr` | float | `0.1` | > 0 |"));
-  CHECK_THAT(reference, Contains("| `optim.name` | enum | `sgd` | `sgd`, `adamw` |"));
+  CHECK_THAT(reference, Contains("| `optim.lr` | float | `0.1` | > 0 | trajectory |"));
+  CHECK_THAT(reference, Contains("| `optim.name` | enum | `sgd` | `sgd`, `adamw` | trajectory |"));
+  CHECK_THAT(reference, Contains("| `precision.mode` | enum | `auto` | `auto`, `fp32`, `bf16`, `fp16` | execution |"));
+  CHECK_THAT(reference, Contains("| `data.workers` | int | `-1` |"));
+  CHECK_THAT(reference, Contains("The *on resume* column says"));
   CHECK_THAT(reference, Contains("Required: `model.name`, `trainer.global_batch`"));
 }
 

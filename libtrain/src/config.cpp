@@ -61,6 +61,7 @@ struct Key {
   bool required = false;
   StringCheck check;          // Type::String only
   std::string check_summary;  // what `check` accepts, for the reference
+  OnResume on_resume = OnResume::Trajectory;  // what another value in a resumed run means
   std::function<Value(const Config&)> get;
   std::function<void(Config&, const Value&)> set;
 
@@ -95,6 +96,16 @@ struct Key {
     check_summary = std::move(summary);
     return *this;
   }
+  // Another value in a resumed run changes how the same training is computed, not what it is.
+  Key& execution_only() {
+    on_resume = OnResume::Execution;
+    return *this;
+  }
+  // Another value in a resumed run changes neither the training nor its arithmetic.
+  Key& free_on_resume() {
+    on_resume = OnResume::Free;
+    return *this;
+  }
 };
 
 template <typename Field>
@@ -117,7 +128,9 @@ Type type_of() {
 template <typename Section>
 class SectionKeys {
  public:
-  SectionKeys(const char* name, Section Config::*member) : name_(name), member_(member) {}
+  // `on_resume`: the section's default class for its keys (a key's builder may change it).
+  SectionKeys(const char* name, Section Config::*member, OnResume on_resume = OnResume::Trajectory)
+      : name_(name), member_(member), on_resume_(on_resume) {}
 
   template <typename Field>
   Key operator()(const char* key_name, Field Section::*field, const char* meaning) const {
@@ -127,6 +140,7 @@ class SectionKeys {
     key.path = std::string(name_) + "." + key_name;
     key.type = type_of<Field>();
     key.meaning = meaning;
+    key.on_resume = on_resume_;
     const auto member = member_;
     key.get = [member, field](const Config& c) -> Value { return (c.*member).*field; };
     key.set = [member, field](Config& c, const Value& v) {
@@ -138,6 +152,7 @@ class SectionKeys {
  private:
   const char* name_;
   Section Config::*member_;
+  OnResume on_resume_;
 };
 
 struct SectionInfo {
@@ -182,10 +197,12 @@ std::vector<Key> build_schema() {
   const SectionKeys schedule("schedule", &Config::schedule);
   const SectionKeys loss("loss", &Config::loss);
   const SectionKeys trainer("trainer", &Config::trainer);
-  const SectionKeys tuning("tuning", &Config::tuning);
+  // The plan's numbers that tuning decides (batch, LR, micro-batch, precision) are compared as
+  // saved in the checkpoint, since the machine decides them as well.
+  const SectionKeys tuning("tuning", &Config::tuning, OnResume::Free);
   const SectionKeys precision("precision", &Config::precision);
-  const SectionKeys checkpoint("checkpoint", &Config::checkpoint);
-  const SectionKeys logging("logging", &Config::logging);
+  const SectionKeys checkpoint("checkpoint", &Config::checkpoint, OnResume::Free);
+  const SectionKeys logging("logging", &Config::logging, OnResume::Free);
   const SectionKeys distributed("distributed", &Config::distributed);
   using M = ModelConfig;
   using D = DataConfig;
@@ -201,12 +218,12 @@ std::vector<Key> build_schema() {
             "3x3 stride-1 stem without max-pool, for 28x28 / 32x32 images"),
       model("init_from", &M::init_from,
             "weights that initialise the run: a train checkpoint (.pt) or a .safetensors file with "
-            "state-dict names (torchvision's for ResNet); empty = random initialisation"),
+            "state-dict names (torchvision's for ResNet); empty = random initialisation").free_on_resume(),
       model("init_strict", &M::init_strict,
             "init_from must match the model key for key and shape for shape, except the task head (fc, "
             "BERT's pooler, classifier or MLM head), which starts fresh where the file lacks it or has "
             "other shapes, and tensors of heads the model lacks or tied copies, which are skipped; all "
-            "of these are logged. false = also load a partial match and list the rest in a warning"),
+            "of these are logged. false = also load a partial match and list the rest in a warning").free_on_resume(),
       model("preset", &M::preset,
             "BERT sizes: bert-base (L12 H768 A12), bert-small (L4 H512 A8), bert-mini (L4 H256 A4), "
             "bert-tiny (L2 H128 A2), minilm-l6 (L6 H384 A12); vocab 30522, 512 positions")
@@ -239,7 +256,7 @@ std::vector<Key> build_schema() {
       model("attention", &M::attention,
             "BERT: fused = scaled_dot_product_attention (LibTorch 2.0+), plain = written-out softmax "
             "attention, auto = fused where available")
-          .one_of({"auto", "fused", "plain"}),
+          .one_of({"auto", "fused", "plain"}).execution_only(),
 
       data("kind", &D::kind,
            "dataset kind; custom = datasets a program that links train::train passes to prepare_run "
@@ -247,15 +264,15 @@ std::vector<Key> build_schema() {
           .one_of({"idx", "synthetic", "image_folder", "tokens", "tsv", "custom"}),
       data("root", &D::root,
            "directory with the dataset files (required when kind is idx, image_folder or tsv; for tokens, "
-           "relative token and vocab paths are taken in it)"),
-      data("train_images", &D::train_images, "idx: training images file in root; .gz is tried too"),
-      data("train_labels", &D::train_labels, "idx: training labels file in root; .gz is tried too"),
-      data("val_images", &D::val_images, "idx: validation images file in root; .gz is tried too"),
-      data("val_labels", &D::val_labels, "idx: validation labels file in root; .gz is tried too"),
+           "relative token and vocab paths are taken in it)").free_on_resume(),
+      data("train_images", &D::train_images, "idx: training images file in root; .gz is tried too").free_on_resume(),
+      data("train_labels", &D::train_labels, "idx: training labels file in root; .gz is tried too").free_on_resume(),
+      data("val_images", &D::val_images, "idx: validation images file in root; .gz is tried too").free_on_resume(),
+      data("val_labels", &D::val_labels, "idx: validation labels file in root; .gz is tried too").free_on_resume(),
       data("train_dir", &D::train_dir,
-           "image_folder: training split in root, one subdirectory of images per class"),
+           "image_folder: training split in root, one subdirectory of images per class").free_on_resume(),
       data("val_dir", &D::val_dir,
-           "image_folder: validation split in root; its classes must be among train_dir's"),
+           "image_folder: validation split in root; its classes must be among train_dir's").free_on_resume(),
       data("image_size", &D::image_size,
            "image height = width (image_folder: the crop size); 0 = the dataset's own size "
            "(synthetic: 32, image_folder: 224)")
@@ -265,7 +282,7 @@ std::vector<Key> build_schema() {
            "image_folder validation: shorter side after resizing, before the center crop of "
            "image_size; 0 = round(image_size / 0.875)")
           .at_least(0)
-          .at_most(2 * limits::kMaxImageSize),
+          .at_most(2 * limits::kMaxImageSize).free_on_resume(),
       data("crop_min_scale", &D::crop_min_scale,
            "image_folder training: smallest area fraction of the random resized crop")
           .above(0)
@@ -276,7 +293,7 @@ std::vector<Key> build_schema() {
           .at_most(limits::kMaxSamples),
       data("synthetic_val_samples", &D::synthetic_val_samples, "synthetic: validation samples")
           .at_least(1)
-          .at_most(limits::kMaxSamples),
+          .at_most(limits::kMaxSamples).free_on_resume(),
       data("mean", &D::mean, "per-channel normalisation mean; empty = no normalisation"),
       data("std", &D::std, "per-channel normalisation std; same length as mean").above(0),
       data("random_crop", &D::random_crop,
@@ -292,22 +309,22 @@ std::vector<Key> build_schema() {
            "loader worker threads; -1 = let the plan decide, and add workers while the training step waits for "
            "data (more than 5% of a logging window)")
           .at_least(-1)
-          .at_most(limits::kMaxWorkers),
-      data("prefetch", &D::prefetch, "batches prefetched per worker").at_least(1).at_most(limits::kMaxPrefetch),
+          .at_most(limits::kMaxWorkers).free_on_resume(),
+      data("prefetch", &D::prefetch, "batches prefetched per worker").at_least(1).at_most(limits::kMaxPrefetch).free_on_resume(),
       data("on_error", &D::on_error,
            "a sample that fails to load (corrupt file): raise = stop with an error naming it; "
            "skip = replace it by the next sample that loads, count and log it")
-          .one_of({"raise", "skip"}),
+          .one_of({"raise", "skip"}).free_on_resume(),
       data("uint8", &D::uint8,
            "image_folder: deliver uint8 batches (a quarter of the bytes to copy, no float conversion in the "
            "loader) and apply mean / std on the device (normalize_on_device); auto = on when training on a GPU")
-          .one_of({"auto", "on", "off"}),
+          .one_of({"auto", "on", "off"}).execution_only(),
       data("train_tokens", &D::train_tokens,
-           "tokens: training token file (format in train/data/token_file.h); relative to root"),
-      data("val_tokens", &D::val_tokens, "tokens: validation token file; relative to root"),
+           "tokens: training token file (format in train/data/token_file.h); relative to root").free_on_resume(),
+      data("val_tokens", &D::val_tokens, "tokens: validation token file; relative to root").free_on_resume(),
       data("vocab_file", &D::vocab_file,
            "tokens, tsv: BERT vocab.txt giving vocab_size and the [PAD] [UNK] [CLS] [SEP] [MASK] ids; "
-           "relative to root; empty = from the token file"),
+           "relative to root; empty = from the token file").free_on_resume(),
       data("seq_len", &D::seq_len,
            "tokens, tsv: tokens per sample, [CLS] and [SEP] included (tsv: longer texts are truncated); at most "
            "model.max_positions for BERT")
@@ -348,8 +365,8 @@ std::vector<Key> build_schema() {
            "data.vocab_size's extra ids); the rest stay unchanged")
           .at_least(0)
           .at_most(1),
-      data("train_tsv", &D::train_tsv, "tsv: training file in root, one text<TAB>label per line"),
-      data("val_tsv", &D::val_tsv, "tsv: validation file in root; its labels must be among train_tsv's"),
+      data("train_tsv", &D::train_tsv, "tsv: training file in root, one text<TAB>label per line").free_on_resume(),
+      data("val_tsv", &D::val_tsv, "tsv: validation file in root; its labels must be among train_tsv's").free_on_resume(),
       data("lowercase", &D::lowercase, "tsv: uncased vocab (lower-case and strip accents before WordPiece)"),
 
       optim("name", &O::name, "optimizer").one_of({"sgd", "adamw"}),
@@ -372,7 +389,7 @@ std::vector<Key> build_schema() {
             "how a step runs: fused = one LibTorch kernel per parameter group, foreach = multi-tensor "
             "ops, loop = torch::optim one parameter at a time, auto = fused where LibTorch has the "
             "kernel for the device, else foreach")
-          .one_of({"auto", "fused", "foreach", "loop"}),
+          .one_of({"auto", "fused", "foreach", "loop"}).execution_only(),
 
       schedule("name", &S::name, "learning-rate schedule").one_of({"constant", "cosine", "step"}),
       schedule("warmup_steps", &S::warmup_steps, "linear warmup, in optimizer steps")
@@ -412,33 +429,33 @@ std::vector<Key> build_schema() {
       trainer("eval_every_steps", &T::eval_every_steps,
               "evaluate every N steps; 0 = at the end of every epoch (and of training)")
           .at_least(0)
-          .at_most(limits::kMaxSteps),
+          .at_most(limits::kMaxSteps).free_on_resume(),
       trainer("eval_batch", &T::eval_batch, "evaluation batch size; 0 = the plan's micro-batch")
           .at_least(0)
-          .at_most(limits::kMaxBatch),
+          .at_most(limits::kMaxBatch).free_on_resume(),
       trainer("seed", &T::seed, "random seed").at_least(0),
       trainer("device", &T::device,
               "device to train on; auto = cuda when available, else cpu; auto and cuda give local rank r "
               "GPU r (modulo the visible GPUs); cuda:N is one GPU for every rank")
-          .checked_by(check_device, "`auto`, `cpu`, `cuda`, `cuda:N`"),
+          .checked_by(check_device, "`auto`, `cpu`, `cuda`, `cuda:N`").execution_only(),
       trainer("threads", &T::threads,
               "intra-op CPU threads; 0 = the cores available to the process")
           .at_least(0)
-          .at_most(limits::kMaxThreads),
+          .at_most(limits::kMaxThreads).execution_only(),
       trainer("stop_grace_s", &T::stop_grace_s,
               "after SIGTERM/SIGINT/SIGUSR1, seconds to finish the step and write a checkpoint before exiting "
               "anyway, without one (exit 128 + the signal)")
           .above(0)
-          .at_most(limits::kMaxSeconds),
+          .at_most(limits::kMaxSeconds).free_on_resume(),
       trainer("on_nonfinite", &T::on_nonfinite,
               "a non-finite loss (without loss scaling; with it the scaler skips the step): stop = exit 1 "
               "naming the step and the first parameter with a non-finite gradient, before the weights "
               "change; rollback = reload the newest checkpoint and skip that step's batches")
-          .one_of({"stop", "rollback"}),
+          .one_of({"stop", "rollback"}).free_on_resume(),
       trainer("max_rollbacks", &T::max_rollbacks,
               "on_nonfinite rollback: rollbacks allowed in one run before it stops as with `stop`")
           .at_least(1)
-          .at_most(1000000),
+          .at_most(1000000).free_on_resume(),
 
       tuning("device", &TuningConfig::device,
              "plan for this named device profile instead of the detected one (train plan --device)"),
@@ -479,13 +496,13 @@ std::vector<Key> build_schema() {
 
       precision("mode", &PrecisionConfig::mode,
                 "auto = bf16 autocast on compute capability >= 8.0, fp16 + loss scaling on 7.x, fp32 on CPU")
-          .one_of({"auto", "fp32", "bf16", "fp16"}),
+          .one_of({"auto", "fp32", "bf16", "fp16"}).execution_only(),
       precision("loss_scaling", &PrecisionConfig::loss_scaling,
                 "dynamic loss scaling (GradScaler); auto = on with fp16, off otherwise")
-          .one_of({"auto", "dynamic", "off"}),
+          .one_of({"auto", "dynamic", "off"}).execution_only(),
       precision("channels_last", &PrecisionConfig::channels_last,
                 "auto = channels_last for conv nets under mixed precision on a GPU, and on a CPU whose LibTorch has oneDNN when every convolution has 16+ output channels")
-          .one_of({"auto", "on", "off"}),
+          .one_of({"auto", "on", "off"}).execution_only(),
 
       checkpoint("every_steps", &CheckpointConfig::every_steps,
                  "save a checkpoint every N optimizer steps; 0 = only at the end")
@@ -508,32 +525,32 @@ std::vector<Key> build_schema() {
 
       distributed("backend", &DistributedConfig::backend,
                   "collective backend; auto = nccl when the ranks have GPUs, gloo otherwise")
-          .one_of({"auto", "nccl", "gloo"}),
+          .one_of({"auto", "nccl", "gloo"}).execution_only(),
       distributed("timeout_s", &DistributedConfig::timeout_s,
                   "seconds before a collective that a peer never joins fails (a dead or hung rank)")
           .above(0)
-          .at_most(limits::kMaxSeconds),
+          .at_most(limits::kMaxSeconds).free_on_resume(),
       distributed("init_timeout_s", &DistributedConfig::init_timeout_s,
                   "seconds the rendezvous waits for every rank to join, and the ranks wait for each other to "
                   "finish measuring memory for the plan")
           .above(0)
-          .at_most(limits::kMaxSeconds),
+          .at_most(limits::kMaxSeconds).free_on_resume(),
       distributed("checkpoint_timeout_s", &DistributedConfig::checkpoint_timeout_s,
                   "seconds the other ranks wait for rank 0 to write a checkpoint (a large model on a slow "
                   "disk takes longer than timeout_s)")
           .above(0)
-          .at_most(limits::kMaxSeconds),
+          .at_most(limits::kMaxSeconds).free_on_resume(),
       distributed("bucket_mb", &DistributedConfig::bucket_mb,
                   "gradient bucket size in MiB; each bucket is all-reduced as soon as its gradients are ready")
           .above(0)
-          .at_most(limits::kMaxBucketMib),
+          .at_most(limits::kMaxBucketMib).free_on_resume(),
       distributed("first_bucket_mb", &DistributedConfig::first_bucket_mb,
                   "size of the first bucket (the last layers' gradients, ready first) in MiB")
           .above(0)
-          .at_most(limits::kMaxBucketMib),
+          .at_most(limits::kMaxBucketMib).free_on_resume(),
       distributed("find_unused_parameters", &DistributedConfig::find_unused_parameters,
                   "a parameter some rank left without a gradient counts as zero there; one no rank used is not "
-                  "stepped (as in PyTorch's DDP); false = such a parameter is an error"),
+                  "stepped (as in PyTorch's DDP); false = such a parameter is an error").free_on_resume(),
       distributed("broadcast_buffers", &DistributedConfig::broadcast_buffers,
                   "copy rank 0's buffers (BatchNorm running statistics) to every rank before each step"),
   };
@@ -1350,7 +1367,7 @@ std::vector<ConfigChange> config_changes(const Config& before, const Config& aft
   std::vector<ConfigChange> changes;
   for (const Key& key : schema()) {
     const Value a = key.get(before), b = key.get(after);
-    if (!(a == b)) changes.push_back({key.path, format_value(a), format_value(b)});
+    if (!(a == b)) changes.push_back({key.path, format_value(a), format_value(b), key.on_resume});
   }
   return changes;
 }
@@ -1378,6 +1395,19 @@ std::string to_yaml(const Config& config) {
   return out.str();
 }
 
+namespace {
+
+const char* on_resume_name(OnResume on_resume) {
+  switch (on_resume) {
+    case OnResume::Trajectory: return "trajectory";
+    case OnResume::Execution: return "execution";
+    case OnResume::Free: return "free";
+  }
+  return "trajectory";
+}
+
+}  // namespace
+
 std::string config_reference() {
   static const Config defaults;
   std::vector<std::string> required;
@@ -1390,19 +1420,25 @@ std::string config_reference() {
       << ", at least one of `trainer.epochs` / `trainer.max_steps` > 0, and `data.root` when "
       << "`data.kind` is `idx`, `image_folder` or `tsv` (which also needs `data.vocab_file`). "
       << "Every other key has the default shown. Any key can be overridden on the command line "
-      << "with `--set section.key=value`.\n";
+      << "with `--set section.key=value`.\n\n"
+      << "The *on resume* column says what another value means when `train fit --resume` continues "
+      << "a run whose checkpoint was written with the old one: `trajectory`, a different training "
+      << "(the resumed run is no longer the uninterrupted one); `execution`, the same training "
+      << "computed differently (other kernels, rounding or summation order: not bit for bit); "
+      << "`free`, neither (where files are, what is logged or validated, how failures are handled). "
+      << "The resumed run warns about the first two, naming the keys.\n";
   for (const SectionInfo& section : kSections) {
     out << "\n## " << section.name << "\n\n"
         << section.meaning << "\n\n"
-        << "| key | type | default | allowed / range | meaning |\n"
-        << "|---|---|---|---|---|\n";
+        << "| key | type | default | allowed / range | on resume | meaning |\n"
+        << "|---|---|---|---|---|---|\n";
     for (const Key& key : schema()) {
       if (key.section != section.name) continue;
       const std::string default_text =
           key.required ? "required" : "`" + format_value(key.get(defaults)) + "`";
       out << "| `" << key.path << "` | " << type_name(key.type) << " | "
           << markdown_cell(default_text) << " | " << markdown_cell(reference_constraint(key))
-          << " | " << markdown_cell(key.meaning) << " |\n";
+          << " | " << on_resume_name(key.on_resume) << " | " << markdown_cell(key.meaning) << " |\n";
     }
   }
   return out.str();

@@ -490,8 +490,16 @@ RunParts prepare_run_unlocated(const Config& config, const RunOptions& options) 
   r.config = config;
   const dist::Env& env = options.env;
   const int64_t world_size = options.plan_world_size > 0 ? options.plan_world_size : env.world_size;
+  // Where a cache hit's time goes, for its log line: the device, the data, the model.
+  auto lap = [last = started]() mutable {
+    const auto now = std::chrono::steady_clock::now();
+    const double ms = std::chrono::duration<double, std::milli>(now - last).count();
+    last = now;
+    return ms;
+  };
   r.device = config.tuning.device.empty() ? detect_device(config.trainer.device, static_cast<int>(env.local_rank))
                                           : named_device(config.tuning.device);
+  const double device_ms = lap();
   if (r.device.is_cuda() && options.plan_world_size == 0 && env.local_world_size > 1 && r.device.visible_gpus > 1 &&
       config.trainer.device.rfind("cuda:", 0) == 0 && config.distributed.backend != "gloo") {
     // NCCL takes one GPU per rank; an explicit index would put every local rank on the same one.
@@ -520,8 +528,10 @@ RunParts prepare_run_unlocated(const Config& config, const RunOptions& options) 
               std::to_string(shape[0]) + "x" + std::to_string(shape[1]) + "x" + std::to_string(shape[2]) +
               " from the config");
   }
+  const double data_ms = lap();
   torch::manual_seed(static_cast<uint64_t>(config.trainer.seed));
   r.model = r.train ? model_for_data_unlocated(config, *r.train) : models::make_model(config.model);
+  const double model_ms = lap();
 
   if (!env.note.empty() && options.plan_world_size == 0) log::warn(env.note);
   // Join the job before the plan: the ranks must agree on it. A rank that failed above (bad
@@ -557,8 +567,9 @@ RunParts prepare_run_unlocated(const Config& config, const RunOptions& options) 
     // What a cache hit costs once the process is up (the rest is loading LibTorch and, on a GPU,
     // creating the CUDA context).
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
-    log::info(log::str("plan ready in ", log::fixed(ms, 0), " ms: device detected, model built, memory from the plan "
-                       "cache"));
+    log::info(log::str("plan ready in ", log::fixed(ms, 0), " ms (device ", log::fixed(device_ms, 0), ", data ",
+                       log::fixed(data_ms, 0), ", model ", log::fixed(model_ms, 0), ", the rest ",
+                       log::fixed(ms - device_ms - data_ms - model_ms, 0), "): memory from the plan cache"));
   }
   if (r.group) {
     // A rank that measures memory can take longer than distributed.timeout_s while one that hit

@@ -86,23 +86,6 @@ void token_loss_rescale(torch::nn::Module& model, double factor) {
   }
 }
 
-// Keys a resumed run may change without a warning: where the files are, what validation does,
-// how failures and stops are handled, how long collectives wait. (logging.*, checkpoint.* and
-// tuning.* too: tuning acts through the plan, whose numbers are compared as saved.)
-const std::set<std::string> kIgnoredKeys = {
-    "model.init_from", "model.init_strict", "data.root", "data.train_images", "data.train_labels",
-    "data.val_images", "data.val_labels", "data.train_dir", "data.val_dir", "data.train_tokens",
-    "data.val_tokens", "data.vocab_file", "data.train_tsv", "data.val_tsv", "data.resize_size",
-    "data.synthetic_val_samples", "data.workers", "data.prefetch", "data.on_error", "trainer.eval_every_steps",
-    "trainer.eval_batch", "trainer.stop_grace_s", "trainer.on_nonfinite", "trainer.max_rollbacks",
-    "distributed.timeout_s", "distributed.init_timeout_s", "distributed.checkpoint_timeout_s",
-    "distributed.bucket_mb", "distributed.first_bucket_mb", "distributed.find_unused_parameters"};
-// Keys that change how the same training is computed (kernels, rounding, summation order), not
-// what it is: a change costs bit-for-bit equality with the uninterrupted run.
-const std::set<std::string> kExecutionKeys = {
-    "trainer.device", "trainer.threads", "optim.impl", "precision.mode", "precision.loss_scaling",
-    "precision.channels_last", "model.attention", "data.uint8", "distributed.backend"};
-
 // Moves batches to the GPU one batch ahead, on a side stream: the copy of batch k+1 from pinned
 // host memory runs while the compute stream works on batch k. The compute stream waits on an
 // event before it touches a batch, and the batch's memory is marked as used by the compute stream
@@ -425,10 +408,9 @@ struct Trainer::Impl {
         const Config saved = parse_config(st.config_yaml, path);
         for (const ConfigChange& c : config_changes(saved, config)) {
           const std::string text = c.key + " " + c.before + " -> " + c.after;
-          if (kExecutionKeys.count(c.key) != 0) {
+          if (c.on_resume == OnResume::Execution) {
             execution.push_back(text);
-          } else if (kIgnoredKeys.count(c.key) == 0 && c.key.rfind("logging.", 0) != 0 &&
-                     c.key.rfind("checkpoint.", 0) != 0 && c.key.rfind("tuning.", 0) != 0) {
+          } else if (c.on_resume == OnResume::Trajectory) {
             trajectory.push_back(text);
           }
         }

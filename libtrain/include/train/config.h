@@ -235,11 +235,20 @@ std::string locate_config_error(const Config& config, const std::string& message
 // file and is returned as it is.
 std::string locate_data_error(const Config& config, const std::string& message);
 
+// What another value of a key means when a run resumes from a checkpoint written with the old one
+// (the reference's "on resume" column; `train fit` warns for the first two).
+enum class OnResume {
+  Trajectory,  // what is trained changes: the resumed run is no longer the uninterrupted one
+  Execution,   // the same training computed differently (kernels, rounding, summation order)
+  Free,        // neither: where files are, what is logged or validated, how failures are handled
+};
+
 // A key whose value differs between two configs, each value as to_yaml writes it.
 struct ConfigChange {
   std::string key;  // "optim.lr"
   std::string before;
   std::string after;
+  OnResume on_resume = OnResume::Trajectory;
 };
 // Every key that differs, in the reference's order.
 std::vector<ConfigChange> config_changes(const Config& before, const Config& after);

@@ -503,9 +503,13 @@ ImageFolderDataset::ImageFolderDataset(ImageFolderOptions options) : options_(st
         "normalize_on_device instead");
   }
 
+  // The float numbers normalize_on_device multiplies and subtracts (from the double mean and
+  // stddev): an image normalised here is bit for bit the uint8 image normalised on a device.
   for (size_t c = 0; c < 3; ++c) {
-    mean_[c] = options_.mean.empty() ? 0.0f : static_cast<float>(options_.mean[c]);
-    stddev_[c] = options_.stddev.empty() ? 1.0f : static_cast<float>(options_.stddev[c]);
+    const double mean = options_.mean.empty() ? 0.0 : options_.mean[c];
+    const double stddev = options_.stddev.empty() ? 1.0 : options_.stddev[c];
+    scale_[c] = static_cast<float>(1.0 / (255.0 * stddev));
+    shift_[c] = static_cast<float>(mean / stddev);
   }
 
   const std::string& directory = options_.directory;
@@ -591,7 +595,7 @@ void ImageFolderDataset::transform_into(int64_t index, uint64_t seed, void* outp
   if (options_.uint8) {
     resample_to_uint8(pixels, spec, static_cast<uint8_t*>(output), buffers.resample);
   } else {
-    resample_to_float(pixels, spec, mean_, stddev_, static_cast<float*>(output), buffers.resample);
+    resample_to_float(pixels, spec, scale_, shift_, static_cast<float*>(output), buffers.resample);
   }
   // The buffers of an unusually large image are not kept: they would stay with this thread for
   // the rest of the run (a 4000 x 3000 RGBA PNG decodes to 48 MB).

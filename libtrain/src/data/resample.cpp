@@ -71,7 +71,8 @@ constexpr int64_t kBlock = 8;
 // The weights are a convex combination, so only rounding takes a value outside [0, 255].
 inline float clamp255(float v) { return std::min(std::max(v, 0.0f), 255.0f); }
 
-// Where and how the window is written: float (v * scale[c] + shift[c]) or uint8 (rounded).
+// Where and how the window is written: uint8 (v rounded) or float (that level * scale[c] -
+// shift[c]).
 struct Output {
   float* floats = nullptr;
   uint8_t* bytes = nullptr;
@@ -90,8 +91,10 @@ inline void accumulate(float* __restrict acc, const T* __restrict in, float w, i
   }
 }
 
+// A multiply, then a subtraction (not contracted into one FMA: no FMA target here), each rounded
+// to float, as normalize_on_device's two tensor ops do to a uint8 batch.
 inline void put(float* out, float v, int c, const Output& o) {
-  *out = clamp255(v) * o.scale[c] + o.shift[c];
+  *out = clamp255(std::nearbyint(v)) * o.scale[c] - o.shift[c];
 }
 inline void put(uint8_t* out, float v, int /*c*/, const Output& /*o*/) {
   *out = static_cast<uint8_t>(clamp255(std::nearbyint(v)));
@@ -216,13 +219,13 @@ void check_resample_spec(const PixelsView& source, const ResampleSpec& spec) {
   }
 }
 
-void resample_to_float(const PixelsView& source, const ResampleSpec& spec, const float mean[3],
-                       const float stddev[3], float* output, ResampleScratch& scratch) {
+void resample_to_float(const PixelsView& source, const ResampleSpec& spec, const float scale[3],
+                       const float shift[3], float* output, ResampleScratch& scratch) {
   Output out;
   out.floats = output;
   for (int c = 0; c < 3; ++c) {
-    out.scale[c] = 1.0f / (255.0f * stddev[c]);
-    out.shift[c] = -mean[c] / stddev[c];
+    out.scale[c] = scale[c];
+    out.shift[c] = shift[c];
   }
   resample(source, spec, scratch, out);
 }

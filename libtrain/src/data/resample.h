@@ -43,10 +43,12 @@ struct ResampleScratch {
   std::vector<float> x_weights, y_weights, rows, columns, accumulator;
 };
 
-// Writes the window as float [3, window_height, window_width]: (v / 255 - mean[c]) / stddev[c]
-// for a resampled value v in [0, 255] (mean 0 and stddev 1 give v / 255).
-void resample_to_float(const PixelsView& source, const ResampleSpec& spec, const float mean[3],
-                       const float stddev[3], float* output, ResampleScratch& scratch);
+// Writes the window as float [3, window_height, window_width]: u * scale[c] - shift[c] for the
+// uint8 value u that resample_to_uint8 writes (a resampled value v in [0, 255] rounded to 8 bits,
+// as torchvision's PIL and uint8 pipelines do): scale 1 / (255 stddev) and shift mean / stddev
+// give a normalised image, and the same numbers as a uint8 image normalised afterwards.
+void resample_to_float(const PixelsView& source, const ResampleSpec& spec, const float scale[3],
+                       const float shift[3], float* output, ResampleScratch& scratch);
 
 // Writes the window as uint8 [3, window_height, window_width]: v rounded half to even, clamped.
 void resample_to_uint8(const PixelsView& source, const ResampleSpec& spec, uint8_t* output,

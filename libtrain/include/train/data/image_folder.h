@@ -100,7 +100,10 @@ struct ImageFolderOptions {
 //          The crop box is drawn on the full-size image, as torchvision draws it.
 //   Val:   Resize(resize_size) of the shorter side, then CenterCrop(S), sized from the full-size
 //          image, as torchvision sizes it (validation_resize).
-// Resizing is bilinear with antialiasing, as in torchvision. JPEGs are decoded at the smallest
+// Resizing is bilinear with antialiasing, as in torchvision, and the result is rounded to 8 bits
+// as torchvision's PIL and uint8 pipelines round it; a float input is that uint8 image scaled and
+// normalised with the float numbers normalize_on_device uses, so a run with float inputs (the CPU)
+// and one with uint8 inputs normalised on the device (a GPU) see the same values. JPEGs are decoded at the smallest
 // DCT scale at which what is resized still covers the output (Train: the crop box, mapped by
 // scale_crop_box, at least S x S; Val: a shorter side of at least resize_size), so a large photo
 // decodes several times faster, and a crop is only enlarged when torchvision enlarges it too.
@@ -138,8 +141,9 @@ class ImageFolderDataset : public Dataset {
 
   ImageFolderOptions options_;
   std::vector<Sample> samples_;
-  float mean_[3] = {0.0f, 0.0f, 0.0f};
-  float stddev_[3] = {1.0f, 1.0f, 1.0f};
+  // A float input is level * scale_[c] - shift_[c] (resample_to_float).
+  float scale_[3] = {0.0f, 0.0f, 0.0f};
+  float shift_[3] = {0.0f, 0.0f, 0.0f};
   BatchMemory batch_memory_;
 };
 
