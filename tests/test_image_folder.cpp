@@ -26,6 +26,7 @@
 #include "train/config.h"
 #include "train/data/factory.h"
 #include "train/data/image_folder.h"
+#include "train/data/scan.h"
 #include "train/data/loader.h"
 #include "train/data/transforms.h"
 #include "train/errors.h"
@@ -88,15 +89,16 @@ std::vector<uint8_t> read_file(const std::string& path) {
 }
 
 // RGB, grayscale (1 channel) or CMYK (4 channels) pixels as a JPEG file.
-void write_jpeg(const std::string& path, const Pixels& p) {
+// Subsampling -1: 4:2:0 for RGB, none for CMYK, gray for one channel.
+void write_jpeg(const std::string& path, const Pixels& p, int subsampling = -1, int flags = 0) {
   const int format = p.channels == 1 ? TJPF_GRAY : p.channels == 3 ? TJPF_RGB : TJPF_CMYK;
-  const int subsampling = p.channels == 1 ? TJSAMP_GRAY : p.channels == 3 ? TJSAMP_420 : TJSAMP_444;
+  if (subsampling < 0) subsampling = p.channels == 1 ? TJSAMP_GRAY : p.channels == 3 ? TJSAMP_420 : TJSAMP_444;
   const std::unique_ptr<void, int (*)(tjhandle)> handle(tjInitCompress(), &tjDestroy);
   REQUIRE(handle);
   unsigned char* jpeg = nullptr;
   unsigned long size = 0;
   REQUIRE(tjCompress2(handle.get(), p.data.data(), p.width, 0, p.height, format, &jpeg, &size,
-                      subsampling, 95, 0) == 0);
+                      subsampling, 95, flags) == 0);
   write_file(path, std::vector<uint8_t>(jpeg, jpeg + size));
   tjFree(jpeg);
 }
@@ -671,6 +673,93 @@ TEST_CASE("Training crops of a large JPEG are torchvision's crops of the full-si
     CHECK(contrast < 1.15);
   }
   CHECK(small_boxes >= 5);
+}
+
+TEST_CASE("A training crop decodes only the rows and columns around it, to the pixels of a full decode",
+          "[data][image_folder]") {
+  TempDir dir;
+  // Noise, so that every pixel and every chroma sample differs from its neighbours: a crop edge
+  // upsampled as if it were the image's edge would show.
+  auto noise = [](int width, int height, int channels, uint64_t seed) {
+    Pixels p{width, height, channels, {}};
+    SplitMix64 rng(seed);
+    p.data.resize(static_cast<size_t>(width) * height * channels);
+    for (uint8_t& v : p.data) v = static_cast<uint8_t>(rng.next() >> 56);
+    return p;
+  };
+  struct Case {
+    const char* name;
+    Pixels pixels;
+    int subsampling;
+    int flags;
+  };
+  const std::vector<Case> cases = {
+      {"420.jpg", noise(333, 250, 3, 1), TJSAMP_420, 0},
+      {"422.jpg", noise(250, 333, 3, 2), TJSAMP_422, 0},
+      {"440.jpg", noise(301, 203, 3, 3), TJSAMP_440, 0},
+      {"411.jpg", noise(299, 199, 3, 4), TJSAMP_411, 0},
+      {"444.jpg", noise(203, 301, 3, 5), TJSAMP_444, 0},
+      {"gray.jpg", noise(210, 190, 1, 6), TJSAMP_GRAY, 0},
+      {"cmyk.jpg", noise(190, 170, 4, 7), TJSAMP_444, 0},
+      {"progressive.jpg", noise(333, 250, 3, 8), TJSAMP_420, TJFLAG_PROGRESSIVE},
+      {"large.jpg", noise(1001, 777, 3, 9), TJSAMP_420, 0},
+  };
+  SplitMix64 rng(11);
+  for (const Case& c : cases) {
+    write_jpeg(dir / c.name, c.pixels, c.subsampling, c.flags);
+    for (const int d : {1, 2, 4, 8}) {
+      // decode_image(path, needed) decodes at 1/d for needed = ceil(shorter side / d).
+      const torch::Tensor full = decode_image(dir / c.name, (std::min(c.pixels.width, c.pixels.height) + d - 1) / d);
+      const int64_t height = full.size(1), width = full.size(2);
+      REQUIRE(height == (c.pixels.height + d - 1) / d);
+      for (int trial = 0; trial < 12; ++trial) {
+        CropBox box;
+        box.top = static_cast<int64_t>(rng.below(static_cast<uint64_t>(height)));
+        box.left = static_cast<int64_t>(rng.below(static_cast<uint64_t>(width)));
+        box.height = 1 + static_cast<int64_t>(rng.below(static_cast<uint64_t>(height - box.top)));
+        box.width = 1 + static_cast<int64_t>(rng.below(static_cast<uint64_t>(width - box.left)));
+        if (trial == 0) box = CropBox{0, 0, height, width};
+        INFO(c.name << " at 1/" << d << ", box " << box.height << "x" << box.width << " at (" << box.top << ", "
+                    << box.left << ")");
+        const torch::Tensor crop = decode_jpeg_crop(dir / c.name, d, box);
+        CHECK(torch::equal(crop, full.narrow(1, box.top, box.height).narrow(2, box.left, box.width)));
+      }
+    }
+  }
+  CHECK_THROWS_AS(decode_jpeg_crop(dir / "420.jpg", 1, CropBox{200, 0, 51, 10}), std::invalid_argument);
+  CHECK_THROWS_AS(decode_jpeg_crop(dir / "420.jpg", 3, CropBox{0, 0, 1, 1}), std::invalid_argument);
+
+  // Damage below the crop is still found: the rows after it are read through.
+  const std::vector<uint8_t> jpeg = read_file(dir / "420.jpg");
+  write_file(dir / "cut.jpg", std::vector<uint8_t>(jpeg.begin(), jpeg.begin() + jpeg.size() * 3 / 4));
+  CHECK_THAT(data_error([&] { decode_jpeg_crop(dir / "cut.jpg", 1, CropBox{0, 0, 8, 8}); }),
+             Contains(dir / "cut.jpg") && Contains("Premature end of JPEG file"));
+  // Through the dataset's training crops too; and data damaged below a crop, which a crop does
+  // not decode, is found by get_checked (train check --data), which decodes the whole file.
+  std::vector<uint8_t> garbled = jpeg;  // a marker in the middle of the last quarter's data
+  garbled[garbled.size() * 7 / 8] = 0xFF;
+  garbled[garbled.size() * 7 / 8 + 1] = 0xD3;
+  write_file(dir / "garbled.jpg", garbled);
+  CHECK_THROWS_AS(decode_image(dir / "garbled.jpg"), train::DataError);
+  files::make_directories(dir / "train/a");
+  write_file(dir / "train/a/cut.jpg", std::vector<uint8_t>(jpeg.begin(), jpeg.begin() + jpeg.size() * 3 / 4));
+  write_file(dir / "train/a/garbled.jpg", garbled);
+  const auto train = make_dataset(folder_config(dir.path), Split::Train);
+  for (uint64_t seed = 0; seed < 8; ++seed) {
+    CHECK_THAT(data_error([&] { train->get(0, seed); }), Contains("cut.jpg") && Contains("Premature end of JPEG file"));
+    CHECK_THAT(data_error([&] { train->get_checked(1, seed); }), Contains("garbled.jpg") && Contains("Corrupt JPEG"));
+  }
+  // (A crop that ends above the damage does not see it: the trade for not decoding those rows.)
+  int clean_crops = 0;
+  for (uint64_t seed = 0; seed < 32; ++seed) {
+    try {
+      clean_crops += train->get(1, seed).input.size(0) == 3 ? 1 : 0;
+    } catch (const train::DataError&) {
+    }
+  }
+  CHECK(clean_crops > 0);
+  const ScanReport report = scan_dataset(*train);
+  CHECK(report.bad == 2);
 }
 
 TEST_CASE("Grayscale, CMYK and alpha images decode to RGB", "[data][image_folder]") {

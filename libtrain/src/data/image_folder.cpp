@@ -13,6 +13,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cmath>
+#include <csetjmp>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -22,6 +23,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <jpeglib.h>  // after <cstdio>: it uses FILE
 
 namespace train::data {
 
@@ -242,6 +245,131 @@ Pixels decode_jpeg(const std::string& path, const std::vector<uint8_t>& bytes,
                 channels};
 }
 
+// libjpeg's error handling for one decode. libjpeg's own error_exit ends the process; this one
+// keeps the message and longjmps back to jpeg_decode_rows, whose frame (like libjpeg's) holds no
+// object with a destructor. Of the warnings, the first that is not harmless is kept: reading
+// through the rows after a crop, libjpeg skips their data as "extraneous bytes" before it finds
+// that the file ends early.
+struct JpegErrors {
+  jpeg_error_mgr manager;  // first: libjpeg hands callbacks &manager as cinfo->err
+  std::jmp_buf jump;
+  char message[JMSG_LENGTH_MAX];
+  char warning[JMSG_LENGTH_MAX];
+};
+
+void jpeg_on_error(j_common_ptr info) {
+  auto* errors = reinterpret_cast<JpegErrors*>(info->err);
+  (*info->err->format_message)(info, errors->message);
+  std::longjmp(errors->jump, 1);
+}
+
+void jpeg_on_message(j_common_ptr info, int level) {
+  auto* errors = reinterpret_cast<JpegErrors*>(info->err);
+  if (level >= 0 || errors->warning[0] != '\0') return;  // a trace message, or one kept already
+  char text[JMSG_LENGTH_MAX];
+  (*info->err->format_message)(info, text);
+  if (!is_harmless_jpeg_warning(text)) std::memcpy(errors->warning, text, sizeof(text));
+}
+
+// What jpeg_decode_rows is asked for and what it decoded.
+struct JpegRows {
+  int denominator = 1;
+  bool cmyk = false;
+  // Rows [top, top + rows) and at least columns [left, left + columns) of the image decoded at
+  // 1 / denominator ...
+  int64_t top = 0, rows = 0, left = 0, columns = 0;
+  uint8_t* out = nullptr;  // room for rows x the decoded width x 3 (4 for CMYK) bytes
+  // ... of which columns [first_column, first_column + width) were written, row after row.
+  JDIMENSION first_column = 0, width = 0;
+};
+
+// Decodes the rows and columns `job` asks for with libjpeg-turbo's partial decoding: the rows
+// above are skipped (their entropy-coded data is still decoded, so damage there is found) and the
+// columns outside cropped; the rows below are not decoded at all, so damaged data down there is
+// not found (decode_jpeg_box finds a file cut short by its missing end marker, and get_checked
+// decodes the whole file for `train check --data`). The
+// crop is widened by one iMCU each side, because the outermost decoded columns are upsampled as if
+// they were the image's edge; within the asked-for columns the pixels are those of a full decode,
+// bit for bit. False on a libjpeg error (the message in `errors`).
+bool jpeg_decode_rows(jpeg_decompress_struct& info, JpegErrors& errors, const uint8_t* data, size_t size,
+                      JpegRows& job) {
+  if (setjmp(errors.jump) != 0) return false;
+  jpeg_create_decompress(&info);
+  jpeg_mem_src(&info, data, static_cast<unsigned long>(size));
+  jpeg_read_header(&info, TRUE);
+  info.scale_num = 1;
+  info.scale_denom = static_cast<unsigned int>(job.denominator);
+  info.out_color_space = job.cmyk ? JCS_CMYK : JCS_RGB;
+  jpeg_start_decompress(&info);
+#if JPEG_LIB_VERSION >= 70
+  const int64_t margin = int64_t{info.max_h_samp_factor} * info.min_DCT_h_scaled_size;
+#else
+  const int64_t margin = int64_t{info.max_h_samp_factor} * info.min_DCT_scaled_size;
+#endif
+  const int64_t begin = std::max<int64_t>(job.left - margin, 0);
+  const int64_t end = std::min<int64_t>(job.left + job.columns + margin, info.output_width);
+  job.first_column = static_cast<JDIMENSION>(begin);
+  job.width = static_cast<JDIMENSION>(end - begin);
+  jpeg_crop_scanline(&info, &job.first_column, &job.width);  // moves the start to an iMCU edge
+  const size_t stride = size_t{job.width} * static_cast<size_t>(info.output_components);
+  if (job.top > 0) jpeg_skip_scanlines(&info, static_cast<JDIMENSION>(job.top));
+  while (info.output_scanline < job.top + job.rows) {
+    JSAMPROW row = job.out + (info.output_scanline - job.top) * stride;
+    jpeg_read_scanlines(&info, &row, 1);
+  }
+  jpeg_abort_decompress(&info);  // the rows below are not needed
+  return true;
+}
+
+// Whether the JPEG in `bytes` has its end marker (FF D9) after the start of its first scan: a file
+// cut short (an interrupted copy or download) has none. Inside entropy-coded data an FF byte is
+// always followed by 00 or a restart marker, so FF D9 there is the end marker.
+bool has_end_marker(const std::vector<uint8_t>& bytes) {
+  const uint8_t start_of_scan[2] = {0xFF, 0xDA};
+  const uint8_t end_of_image[2] = {0xFF, 0xD9};
+  const auto scan = std::search(bytes.begin(), bytes.end(), start_of_scan, start_of_scan + 2);
+  return scan != bytes.end() && std::search(scan, bytes.end(), end_of_image, end_of_image + 2) != bytes.end();
+}
+
+// Decodes `box` (in the image decoded at 1 / denominator: TJSCALED(width) x TJSCALED(height)) of
+// the JPEG whose header read_jpeg_header returned, and the columns around it up to the next
+// iMCU edges; sets `box` to where it lies in the pixels returned. Errors and warnings are treated
+// as decode_jpeg treats them.
+Pixels decode_jpeg_box(const std::string& path, const std::vector<uint8_t>& bytes, const JpegHeader& header,
+                       int denominator, CropBox& box, std::vector<uint8_t>& buffer) {
+  const tjscalingfactor scale{1, denominator};
+  const int scaled_width = TJSCALED(header.width, scale);
+  const bool cmyk = header.colorspace == TJCS_CMYK || header.colorspace == TJCS_YCCK;
+  const int channels = cmyk ? 4 : 3;
+  buffer.resize(static_cast<size_t>(box.height) * static_cast<size_t>(scaled_width) * static_cast<size_t>(channels));
+  JpegRows job;
+  job.denominator = denominator;
+  job.cmyk = cmyk;
+  job.top = box.top;
+  job.rows = box.height;
+  job.left = box.left;
+  job.columns = box.width;
+  job.out = buffer.data();
+  jpeg_decompress_struct info{};  // zeroed: jpeg_destroy_decompress is safe even if create failed
+  JpegErrors errors{};
+  info.err = jpeg_std_error(&errors.manager);
+  errors.manager.error_exit = &jpeg_on_error;
+  errors.manager.emit_message = &jpeg_on_message;
+  errors.message[0] = '\0';
+  errors.warning[0] = '\0';
+  const bool decoded = jpeg_decode_rows(info, errors, bytes.data(), bytes.size(), job);
+  jpeg_destroy_decompress(&info);
+  if (!decoded) throw DataError(path + ": corrupt or truncated JPEG: " + errors.message);
+  if (errors.warning[0] != '\0') throw DataError(path + ": corrupt or truncated JPEG: " + errors.warning);
+  // The rows below the box were not decoded, so libjpeg did not reach the end of the data: a
+  // file cut short is found by its missing end marker, with libjpeg's words for it.
+  if (!has_end_marker(bytes)) throw DataError(path + ": corrupt or truncated JPEG: Premature end of JPEG file");
+  if (cmyk) cmyk_to_rgb(buffer.data(), box.height * int64_t{job.width});
+  box.top = 0;
+  box.left -= job.first_column;
+  return Pixels{buffer.data(), box.height, int64_t{job.width}, int64_t{job.width} * channels, channels};
+}
+
 // libpng's read state for one PNG in memory. libpng reports an error by longjmp to the last
 // setjmp, so the functions that call it (png_start, png_read_rows) hold no object with a
 // destructor; this one is owned by their caller.
@@ -372,9 +500,11 @@ Pixels decode_for_resize(const std::string& path, int64_t size, ResizeGeometry& 
 
 // The training crop: reads the file, draws torchvision's RandomResizedCrop box on the image's
 // full size (from `rng`), and decodes a JPEG at the smallest scale at which that box is still
-// at least `side` pixels high and wide. Sets `box` to the crop in the decoded pixels.
+// at least `side` pixels high and wide: the box's rows and columns only (decode_jpeg_box), or the
+// whole image with `whole_file` (the same pixels). Sets `box` to the crop in the decoded pixels.
 Pixels decode_random_crop(const std::string& path, int64_t side, double min_scale, SplitMix64& rng,
-                          CropBox& box, std::vector<uint8_t>& bytes, std::vector<uint8_t>& buffer) {
+                          CropBox& box, std::vector<uint8_t>& bytes, std::vector<uint8_t>& buffer,
+                          bool whole_file) {
   constexpr double kMinRatio = 3.0 / 4.0;
   constexpr double kMaxRatio = 4.0 / 3.0;
   read_file(path, bytes);
@@ -384,7 +514,8 @@ Pixels decode_random_crop(const std::string& path, int64_t side, double min_scal
                                                  kMinRatio, kMaxRatio, rng);
     const int denominator = choose_jpeg_crop_scale(full, header.width, header.height, side);
     box = scale_crop_box(full, header.width, header.height, denominator);
-    return decode_jpeg(path, bytes, header, denominator, buffer);
+    if (whole_file) return decode_jpeg(path, bytes, header, denominator, buffer);
+    return decode_jpeg_box(path, bytes, header, denominator, box, buffer);
   }
   if (is_png(bytes)) {
     const Pixels pixels = decode_png(path, bytes, buffer);
@@ -468,19 +599,48 @@ int choose_jpeg_crop_scale(const CropBox& box, int64_t width, int64_t height, in
   return 1;
 }
 
-torch::Tensor decode_image(const std::string& path, int64_t needed) {
-  std::vector<uint8_t> bytes;
-  std::vector<uint8_t> buffer;
-  const Pixels pixels = decode_file(path, needed, bytes, buffer);
-  torch::Tensor image = torch::empty({pixels.height, pixels.width, 3}, torch::kByte);
+namespace {
+
+// `box` of decoded pixels as uint8 [3, H, W] (a channels-first view of a copy).
+torch::Tensor to_tensor(const Pixels& pixels, const CropBox& box) {
+  torch::Tensor image = torch::empty({box.height, box.width, 3}, torch::kByte);
   uint8_t* out = image.data_ptr<uint8_t>();
-  for (int64_t y = 0; y < pixels.height; ++y) {
-    const uint8_t* in = pixels.data + y * pixels.row_stride;
-    for (int64_t x = 0; x < pixels.width; ++x, in += pixels.pixel_stride, out += 3) {
+  for (int64_t y = 0; y < box.height; ++y) {
+    const uint8_t* in = pixels.data + (box.top + y) * pixels.row_stride + box.left * pixels.pixel_stride;
+    for (int64_t x = 0; x < box.width; ++x, in += pixels.pixel_stride, out += 3) {
       std::memcpy(out, in, 3);
     }
   }
   return image.permute({2, 0, 1});
+}
+
+}  // namespace
+
+torch::Tensor decode_image(const std::string& path, int64_t needed) {
+  std::vector<uint8_t> bytes;
+  std::vector<uint8_t> buffer;
+  const Pixels pixels = decode_file(path, needed, bytes, buffer);
+  return to_tensor(pixels, CropBox{0, 0, pixels.height, pixels.width});
+}
+
+torch::Tensor decode_jpeg_crop(const std::string& path, int denominator, const CropBox& box) {
+  std::vector<uint8_t> bytes;
+  std::vector<uint8_t> buffer;
+  read_file(path, bytes);
+  if (!is_jpeg(bytes)) throw DataError(path + ": not a JPEG file (unrecognised first bytes)");
+  const JpegHeader header = read_jpeg_header(path, bytes);
+  const tjscalingfactor scale{1, denominator};
+  const int64_t height = TJSCALED(header.height, scale);
+  const int64_t width = TJSCALED(header.width, scale);
+  if ((denominator != 1 && denominator != 2 && denominator != 4 && denominator != 8) || box.top < 0 ||
+      box.left < 0 || box.height < 1 || box.width < 1 || box.top + box.height > height ||
+      box.left + box.width > width) {
+    throw std::invalid_argument("decode_jpeg_crop: box outside the " + std::to_string(width) + "x" +
+                                std::to_string(height) + " image at 1/" + std::to_string(denominator));
+  }
+  CropBox where = box;
+  const Pixels pixels = decode_jpeg_box(path, bytes, header, denominator, where, buffer);
+  return to_tensor(pixels, where);
 }
 
 ImageFolderDataset::ImageFolderDataset(ImageFolderOptions options) : options_(std::move(options)) {
@@ -552,7 +712,7 @@ std::string ImageFolderDataset::path(int64_t index) const {
 
 int64_t ImageFolderDataset::label(int64_t index) const { return sample(index).label; }
 
-void ImageFolderDataset::transform_into(int64_t index, uint64_t seed, void* output) const {
+void ImageFolderDataset::transform_into(int64_t index, uint64_t seed, void* output, bool whole_file) const {
   const int64_t side = options_.image_size;
   ThreadBuffers& buffers = thread_buffers();
   ResampleSpec spec;
@@ -563,7 +723,7 @@ void ImageFolderDataset::transform_into(int64_t index, uint64_t seed, void* outp
     SplitMix64 rng(seed);
     CropBox box;
     pixels = decode_random_crop(path(index), side, options_.crop_min_scale, rng, box,
-                                buffers.bytes, buffers.pixels);
+                                buffers.bytes, buffers.pixels, whole_file);
     spec.top = box.top;
     spec.left = box.left;
     spec.height = box.height;
@@ -609,6 +769,13 @@ Example ImageFolderDataset::get(int64_t index, uint64_t seed) const {
   const int64_t side = options_.image_size;
   torch::Tensor image = torch::empty({3, side, side}, options_.uint8 ? torch::kByte : torch::kFloat);
   transform_into(index, seed, image.data_ptr());
+  return Example{image, torch::scalar_tensor(label(index), torch::kLong)};
+}
+
+Example ImageFolderDataset::get_checked(int64_t index, uint64_t seed) const {
+  const int64_t side = options_.image_size;
+  torch::Tensor image = torch::empty({3, side, side}, options_.uint8 ? torch::kByte : torch::kFloat);
+  transform_into(index, seed, image.data_ptr(), /*whole_file=*/true);
   return Example{image, torch::scalar_tensor(label(index), torch::kLong)};
 }
 

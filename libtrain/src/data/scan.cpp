@@ -54,7 +54,7 @@ ScanReport scan_dataset(const Dataset& dataset, const ScanOptions& options) {
       const int64_t end = std::min(size, begin + kChunk);
       for (int64_t index = begin; index < end; ++index) {
         try {
-          const Example example = dataset.get(index, sample_seed(options.seed, 0, index));
+          const Example example = dataset.get_checked(index, sample_seed(options.seed, 0, index));
           if (static_shapes && example.input.sizes() != c10::IntArrayRef(expected)) {
             record(index, "input of shape " + shape_text(example.input.sizes()) + ", the dataset's is " +
                               shape_text(expected) + " (" + dataset.describe() + ")");

@@ -36,6 +36,10 @@ class Dataset {
   virtual int64_t size() const = 0;
   // `seed` is derived from (run seed, epoch, index) by the loader; augmentations draw from it.
   virtual Example get(int64_t index, uint64_t seed) const = 0;
+  // get(), reading the sample's file whole where get() may read part of it (an image's rows below
+  // a training crop), so that damage get() would meet with another seed is found now: for
+  // `train check --data` (train/data/scan.h). The default is get().
+  virtual Example get_checked(int64_t index, uint64_t seed) const { return get(index, seed); }
   // Collates samples into a batch. The default stacks inputs and targets.
   virtual Batch collate(std::vector<Example>&& examples) const;
   // A whole batch in one pass, for datasets that can write samples straight into the batch

@@ -9,7 +9,8 @@
 // not searched recursively.
 //
 // Images are decoded in get() and get_batch(), not at construction: JPEGs with libjpeg-turbo
-// (at a reduced DCT scale when much larger than needed), PNGs with libpng, into buffers each
+// (at a reduced DCT scale when much larger than needed; a training crop's rows and columns only,
+// see decode_jpeg_crop), PNGs with libpng, into buffers each
 // loader thread reuses. The crop, resize, flip and normalisation are then one antialiased
 // resampling pass from the decoded pixels straight into the sample (or into its slot of the
 // batch). A file whose content is neither, or that is corrupt or truncated, is a DataError
@@ -73,6 +74,16 @@ ResizeGeometry validation_resize(int64_t width, int64_t height, int denominator,
 // naming the file when it cannot be read or decoded.
 torch::Tensor decode_image(const std::string& path, int64_t needed = 0);
 
+// `box` of the JPEG at `path` decoded at scale 1/denominator (1, 2, 4 or 8), decoded as training
+// crops are: the rows down to the box's last (the ones above it entropy-decoded only) and the
+// columns within an iMCU (8 to 16 pixels) of it. The rows below are not decoded: a file cut short
+// is still an error (its end marker is missing), but damaged data below the box is not seen
+// (ImageFolderDataset::get_checked, which `train check --data` uses, decodes the whole file). The
+// pixels are decode_image's at that scale, bit for bit, and 1.3x faster to get for torchvision's
+// RandomResizedCrop boxes. uint8 [3, box.height, box.width]; DataError as decode_image;
+// std::invalid_argument for a box outside the scaled image.
+torch::Tensor decode_jpeg_crop(const std::string& path, int denominator, const CropBox& box);
+
 struct ImageFolderOptions {
   std::string directory;             // the split directory, e.g. <root>/train
   // Class names, index = position. Empty = the subdirectories of `directory`; a validation
@@ -117,6 +128,8 @@ class ImageFolderDataset : public Dataset {
 
   int64_t size() const override { return static_cast<int64_t>(samples_.size()); }
   Example get(int64_t index, uint64_t seed) const override;
+  // get() from a decode of the whole file (a training crop's pixels are the same).
+  Example get_checked(int64_t index, uint64_t seed) const override;
   // Decodes and transforms each image straight into one batch tensor (the same values as
   // collating get()).
   std::optional<Batch> get_batch(const std::vector<int64_t>& indices,
@@ -137,7 +150,8 @@ class ImageFolderDataset : public Dataset {
   };
   const Sample& sample(int64_t index) const;
   // Decodes sample `index` and writes its transformed input (float or uint8 [3, S, S]) to output.
-  void transform_into(int64_t index, uint64_t seed, void* output) const;
+  // `whole_file`: a training crop from a decode of the whole JPEG (get_checked).
+  void transform_into(int64_t index, uint64_t seed, void* output, bool whole_file = false) const;
 
   ImageFolderOptions options_;
   std::vector<Sample> samples_;

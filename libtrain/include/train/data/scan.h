@@ -6,7 +6,8 @@
 //   for (const std::string& m : report.messages) std::cerr << m << "\n";  // "sample 17: <file>: ..."
 //
 // First the dataset's own whole-file checks run (Dataset::verify: a token file's checksum), then
-// every sample is loaded with get(index, seed) on `threads` threads and, for datasets of static
+// every sample is loaded with get_checked(index, seed) (get(), reading each file whole) on
+// `threads` threads and, for datasets of static
 // shapes, its input shape is compared with input_shape() (a sample of another shape would stop
 // the batch it lands in).
 #include <train/data/dataset.h>
