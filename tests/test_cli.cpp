@@ -121,8 +121,12 @@ TEST_CASE("cli: fit writes the run directory, and a second fit needs --resume", 
   CHECK(count_of(metrics.str(), "{\"step\":3,") == 2);  // the train row and one val row
   // The resolved config written into the run directory is itself a valid config.
   CHECK(cli({"check", train::files::join(run_dir, "config.yaml")}) == train::kExitOk);
-  CHECK(cli({"eval", cfg, "--checkpoint", train::files::join(run_dir, "checkpoints/step_00000003.pt")}) ==
-        train::kExitOk);
+  const std::string evaluation = output_of(STDOUT_FILENO, [&] {
+    CHECK(cli({"eval", cfg, "--checkpoint", train::files::join(run_dir, "checkpoints/step_00000003.pt")}) ==
+          train::kExitOk);
+  });
+  CHECK_THAT(evaluation, Catch::Contains("\"split\":\"val\"") && Catch::Contains("\"accuracy\":") &&
+                             Catch::Contains("\"top5\":") && Catch::Contains("\"samples\":16"));
   CHECK(cli({"plan", cfg, "--json"}) == train::kExitOk);
 }
 

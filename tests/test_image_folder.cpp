@@ -1297,6 +1297,7 @@ TEST_CASE("a run builds its image datasets as the plan resolves data.uint8, and 
   CHECK(float_result.train_loss == byte_result.train_loss);
   CHECK(float_result.val.loss == byte_result.val.loss);
   CHECK(float_result.val.accuracy == byte_result.val.accuracy);
+  CHECK_FALSE(float_result.val.has_top5);  // 4 classes: top-5 would always be 100 %
 }
 
 TEST_CASE("normalize_on_device to bf16 rounds once: every byte value within half a bf16 ulp", "[data][image_folder]") {

@@ -509,7 +509,7 @@ TEST_CASE("tensorboard: train fit writes event files, and scripts/plot draws the
   CHECK(train::testing::run_python("tensorboard_events.py",
                                    "check " + run + " " + files::join(run, "metrics.jsonl") +
                                        " train/loss train/lr train/samples_per_s train/step_time_ms"
-                                       " train/peak_memory_mib val/loss val/accuracy") == 0);
+                                       " train/peak_memory_mib val/loss val/accuracy val/top5") == 0);
 
   // logging.tensorboard: false writes none.
   REQUIRE(cli({"fit", cfg, "--run-dir", tmp / "off", "--set", "logging.tensorboard=false"}) == train::kExitOk);

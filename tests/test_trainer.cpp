@@ -2,6 +2,7 @@
 
 #include <train/checkpoint.h>
 #include <train/config.h>
+#include <train/data/loader.h>
 #include <train/data/token_file.h>
 #include <train/errors.h>
 #include <train/files.h>
@@ -409,6 +410,24 @@ TEST_CASE("fit: a short ResNet run on synthetic data lowers the loss and writes 
   CHECK(result.val.samples == 64);
   CHECK(result.val.loss < before.loss);
   CHECK(result.val.accuracy > 0.3);  // 10 learnable classes; chance is 0.1
+  {
+    // Top-1 and top-5 again, by hand from the model's logits for each validation sample.
+    torch::NoGradGuard no_grad;
+    trainer.model().eval();
+    int64_t top1 = 0, top5 = 0;
+    for (int64_t i = 0; i < run.val->size(); ++i) {
+      const data::Example example = run.val->get(i, data::sample_seed(0, 0, i));
+      const torch::Tensor logits = trainer.model().forward(example.input.unsqueeze(0))[0];
+      const int64_t target = example.target.item<int64_t>();
+      top1 += logits.argmax().item<int64_t>() == target ? 1 : 0;
+      top5 += std::get<1>(logits.topk(5)).eq(target).any().item<bool>() ? 1 : 0;
+    }
+    trainer.model().train();
+    CHECK(result.val.has_top5);
+    CHECK(result.val.accuracy == Approx(static_cast<double>(top1) / 64.0));
+    CHECK(result.val.top5 == Approx(static_cast<double>(top5) / 64.0));
+    CHECK(result.val.top5 >= result.val.accuracy);
+  }
   std::ifstream metrics(files::join(dir, "metrics.jsonl"));
   std::string line;
   int train_lines = 0, val_lines = 0;
@@ -421,7 +440,7 @@ TEST_CASE("fit: a short ResNet run on synthetic data lowers the loss and writes 
     }
     if (line.find("\"split\":\"val\"") != std::string::npos) {
       ++val_lines;
-      CHECK_THAT(line, Catch::Contains("\"accuracy\""));
+      CHECK_THAT(line, Catch::Contains("\"accuracy\"") && Catch::Contains("\"top5\""));
     }
   }
   CHECK(train_lines == 6);

@@ -218,8 +218,9 @@ int cmd_eval(const CommonArgs& args, const std::string& checkpoint) {
     Trainer trainer(config, run.plan, run.model, run.train, run.val, "");
     const EvalResult ev = trainer.evaluate();
     MetricRecord r;
-    r.add("checkpoint", checkpoint).add("split", "val").add("loss", ev.loss).add("accuracy", ev.accuracy)
-        .add("samples", ev.samples);
+    r.add("checkpoint", checkpoint).add("split", "val").add("loss", ev.loss).add("accuracy", ev.accuracy);
+    if (ev.has_top5) r.add("top5", ev.top5);
+    r.add("samples", ev.samples);
     std::cout << r.to_json() << "\n";
     return kExitOk;
   });

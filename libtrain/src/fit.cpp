@@ -244,7 +244,11 @@ FitReport train_in_run_dir(const Config& config, RunParts& run, const std::strin
                        result.loader_workers != run.plan.workers
                            ? log::str(" (loader workers raised to ", result.loader_workers, ")")
                            : std::string(),
-                       result.val.samples ? log::str("; val top-1 ", log::fixed(100.0 * result.val.accuracy, 2), "%") : ""));
+                       result.val.samples ? log::str("; val top-1 ", log::fixed(100.0 * result.val.accuracy, 2), "%",
+                                                     result.val.has_top5
+                                                         ? ", top-5 " + log::fixed(100.0 * result.val.top5, 2) + "%"
+                                                         : std::string())
+                                          : ""));
     log::set_file("");
     // Stopped by a signal before the end, with a checkpoint to resume from.
     report.exit_code = result.diverged_ranks != 0                ? kExitRuntime

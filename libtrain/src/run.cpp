@@ -115,8 +115,6 @@ bool store_or_warn(PlanCache& cache, const PlanCacheKey& key, const MemoryEviden
   }
 }
 
-// The largest micro-batch the plan could use: the per-rank batch in fixed mode; in scale mode the
-// per-rank share of the largest global batch it may grow to. Both within tuning.max_micro_batch.
 // The fewest output channels of the model's 2-D convolutions (torch::nn::Conv2d modules); 0 when
 // it has none (or computes its convolutions without such modules).
 int64_t narrowest_convolution(torch::nn::Module& model) {
@@ -130,6 +128,8 @@ int64_t narrowest_convolution(torch::nn::Module& model) {
   return narrowest;
 }
 
+// The largest micro-batch the plan could use: the per-rank batch in fixed mode; in scale mode the
+// per-rank share of the largest global batch it may grow to. Both within tuning.max_micro_batch.
 int64_t largest_useful_micro_batch(const Config& config, int world_size) {
   const int64_t ranks = std::max(1, world_size);
   int64_t largest = config.trainer.global_batch / ranks;

@@ -728,6 +728,8 @@ EvalResult Trainer::evaluate() {
   s.model->eval();
   auto loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(s.device));
   auto correct = torch::zeros({}, torch::TensorOptions().dtype(torch::kLong).device(s.device));
+  auto correct5 = torch::zeros({}, torch::TensorOptions().dtype(torch::kLong).device(s.device));
+  constexpr int64_t kTop = 5;
   while (auto batch = loader.next()) {
     auto b = s.to_device(*batch);
     const bool token_targets = b.target.dim() > 1;
@@ -750,24 +752,32 @@ EvalResult Trainer::evaluate() {
                     torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kSum))
                     .to(torch::kDouble);
     correct += flat_logits.argmax(-1).eq(flat_target).logical_and(valid).sum();
+    if (flat_logits.size(-1) > kTop) {
+      result.has_top5 = true;
+      const torch::Tensor top = std::get<1>(flat_logits.topk(kTop, -1));
+      correct5 += top.eq(flat_target.unsqueeze(1)).any(1).logical_and(valid).sum();
+    }
     result.samples += valid.sum().item<int64_t>();
   }
   s.model->train();
   double loss_total = loss_sum.item<double>();
   double correct_total = static_cast<double>(correct.item<int64_t>());
+  double correct5_total = static_cast<double>(correct5.item<int64_t>());
   if (s.group) {  // every rank evaluated its own share
-    auto sums = torch::tensor({loss_total, correct_total, static_cast<double>(result.samples)},
+    auto sums = torch::tensor({loss_total, correct_total, correct5_total, static_cast<double>(result.samples)},
                               torch::TensorOptions().dtype(torch::kDouble))
                     .to(s.device);
     s.group->allreduce(sums, dist::ReduceOp::Sum);
     sums = sums.cpu();
     loss_total = sums[0].item<double>();
     correct_total = sums[1].item<double>();
-    result.samples = static_cast<int64_t>(sums[2].item<double>());
+    correct5_total = sums[2].item<double>();
+    result.samples = static_cast<int64_t>(sums[3].item<double>());
   }
   if (result.samples > 0) {
     result.loss = loss_total / static_cast<double>(result.samples);
     result.accuracy = correct_total / static_cast<double>(result.samples);
+    if (result.has_top5) result.top5 = correct5_total / static_cast<double>(result.samples);
   }
   return result;
 }
@@ -842,11 +852,15 @@ FitResult Trainer::fit(const std::string& resume) {
     const EvalResult ev = evaluate();
     if (ev.samples == 0) return ev;
     log::info(log::str("eval step ", s.step, " | loss ", log::fixed(ev.loss, 4), " | top-1 ",
-                       log::fixed(100.0 * ev.accuracy, 2), "% (", ev.samples, " samples)"));
+                       log::fixed(100.0 * ev.accuracy, 2), "%",
+                       ev.has_top5 ? " | top-5 " + log::fixed(100.0 * ev.top5, 2) + "%" : std::string(), " (",
+                       ev.samples, " samples)"));
     if (!record) return ev;
     MetricRecord r;
     r.add("step", s.step).add("epoch", s.epoch_progress()).add("split", "val").add("loss", ev.loss)
-        .add("accuracy", ev.accuracy).add("samples", ev.samples);
+        .add("accuracy", ev.accuracy);
+    if (ev.has_top5) r.add("top5", ev.top5);
+    r.add("samples", ev.samples);
     s.metrics.write(r);
     return ev;
   };

@@ -16,6 +16,11 @@ namespace train {
 struct EvalResult {
   double loss = 0;
   double accuracy = 0;   // top-1, in [0, 1]
+  // Top-5, in [0, 1]: the target among the five highest logits (as torchvision's reference
+  // scripts report it). Only for more than five classes (or tokens); with five or fewer, 0 and
+  // has_top5 false.
+  double top5 = 0;
+  bool has_top5 = false;
   int64_t samples = 0;
 };
 
