@@ -568,7 +568,15 @@ void Group::wait_for_all(const std::string& what, double timeout_s, const std::s
           return std::nullopt;
         }
       });
-  if (arrived) return;
+  if (arrived) {
+    // Every rank also meets in the backend, whether its store wait succeeded or not: a rank whose
+    // store connection broke after the others had got through (rank 0's store, say, torn down as
+    // it left) falls back to barrier() below, and would wait there alone if the ranks that got
+    // through had moved on. The store has just shown that every rank arrived, so this collective
+    // cannot hang on a missing one.
+    barrier();
+    return;
+  }
   const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (waited < 0.9 * timeout_s && !failure->empty()) {
     // Failed long before the limit: the store is gone (its launcher was killed, and the ranks are

@@ -103,8 +103,9 @@ class Group {
   // alone and that may take longer than distributed.timeout_s (rank 0 writing a checkpoint, a rank
   // measuring memory while the others hit the plan cache). Through the rendezvous store, so no
   // backend timeout applies. `what` names the work and `setting` the key that sets timeout_s, for
-  // the error (train::Error) when a rank does not arrive in time. When the store is gone (its
-  // launcher was killed), a barrier() in the backend takes its place.
+  // the error (train::Error) when a rank does not arrive in time. Once all have arrived, they
+  // also meet in a barrier() in the backend; when the store is gone (its launcher was killed), that
+  // barrier alone takes the store's place.
   void wait_for_all(const std::string& what, double timeout_s, const std::string& setting);
   // Scalar conveniences (a one-element allreduce on the group's device).
   int64_t reduce_int(int64_t value, ReduceOp op);
