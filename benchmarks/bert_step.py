@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from step_timing import median, run_or_serve, time_windows
+from step_timing import median, profile_steps, run_or_serve, time_windows
 
 # Sizes of train's presets (BertOptions::preset): layers, hidden, heads; intermediate 4 x hidden,
 # 512 positions, vocab 30522, 2 token types.
@@ -254,6 +254,10 @@ def main():
                    help="torch.optim.AdamW(fused=True) or (foreach=True); compare_bert.py passes the C++ side's")
     p.add_argument("--threads", type=int, default=0, help="intra-op CPU threads; 0 = PyTorch's default")
     p.add_argument("--check", default="", help="a file from bench_bert_step --save-check: compare instead of timing")
+    p.add_argument("--profile", default="",
+                   help="FILE: instead of timing, profile --profile-steps steps after --warmup and write where the "
+                        "time goes (kernels by kind and by name, operators) to FILE; prints the summary line")
+    p.add_argument("--profile-steps", type=int, default=5)
     p.add_argument("--serve", type=int, default=0, choices=[0, 1],
                    help="1: set up once, then time and print a line for each 'run' on standard input")
     a = p.parse_args()
@@ -283,6 +287,10 @@ def main():
                           "input_sum": int(inputs.sum()), "windows": len(rates), "seq_per_s": median(rates),
                           "min": rates[0], "max": rates[-1]}), flush=True)
 
+    if a.profile:
+        print(json.dumps(profile_steps(step, device, a.warmup, a.profile_steps, a.profile, a.batch, f"bert_step.py {a.preset} batch {a.batch} seq {a.seq} {a.precision}")),
+              flush=True)
+        return
     run_or_serve(a.serve, run)
 
 

@@ -18,7 +18,7 @@ import os
 import torch
 import torchvision
 
-from step_timing import median, run_or_serve, time_windows
+from step_timing import median, profile_steps, run_or_serve, time_windows
 
 
 def main():
@@ -36,6 +36,10 @@ def main():
                    help="torch.optim.SGD: fused=True, foreach=True, the per-parameter loop (foreach=False, as "
                         "torch::optim::SGD), or PyTorch's default (foreach on CUDA, the loop on CPU); "
                         "compare_resnet.py passes the C++ side's")
+    p.add_argument("--profile", default="",
+                   help="FILE: instead of timing, profile --profile-steps steps after --warmup and write where the "
+                        "time goes (kernels by kind and by name, operators) to FILE; prints the summary line")
+    p.add_argument("--profile-steps", type=int, default=5)
     p.add_argument("--serve", type=int, default=0, choices=[0, 1],
                    help="1: set up once, then time and print a line for each 'run' on standard input")
     a = p.parse_args()
@@ -85,6 +89,10 @@ def main():
                           "steps": a.steps, "windows": len(rates), "img_per_s": median(rates),
                           "min": rates[0], "max": rates[-1]}), flush=True)
 
+    if a.profile:
+        print(json.dumps(profile_steps(step, device, a.warmup, a.profile_steps, a.profile, a.batch, f"resnet_step.py resnet{a.depth} batch {a.batch} {a.image}px {a.precision}")),
+              flush=True)
+        return
     run_or_serve(a.serve, run)
 
 
