@@ -2,8 +2,15 @@
 // normalise, collate into batches): the C++ side of benchmarks/compare_loader.py, runnable alone.
 //
 //   bench_loader --folder DIR --batch 64 --workers N --seconds S --json [--impl IMPL] [--size 224] [--uint8 1]
+//                [--threads T]
+//   bench_loader --data synthetic --batch 256 --workers N --seconds S --json [--size 224] [--threads T]
 //
-// DIR is the training split (one subdirectory per class). IMPL:
+// DIR is the training split (one subdirectory per class). --data synthetic draws train's
+// SyntheticImageDataset instead (3 x size x size, 2,048 samples, per-sample ATen ops and the
+// default collate, as benchmarks/resnet50_synthetic.yaml), with --impl train only.
+// --threads sets the process's intra-op threads (at::set_num_threads) before the loader starts:
+// 1 by default, as a PyTorch DataLoader's workers; 0 for every core, which is what train fit's
+// plan gives the training thread (and, before 2026-12-06, every loader worker too). IMPL:
 //   train       train's Loader: worker threads, batches decoded and resampled straight into one
 //               batch tensor (ImageFolderDataset::get_batch), in sampler order.
 //   torch-data  LibTorch's torch::data::DataLoader over the same per-sample work
@@ -17,6 +24,7 @@
 #include <train/data/factory.h>
 #include <train/data/image_folder.h>
 #include <train/data/loader.h>
+#include <train/data/synthetic.h>
 #include <train/files.h>
 
 #include <ATen/Parallel.h>
@@ -31,6 +39,7 @@
 #include <iterator>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -44,6 +53,8 @@ struct Args {
   int64_t workers = 2;
   int64_t size = 224;
   int64_t warmup = 1;
+  std::string data = "imagefolder";
+  int threads = 1;     // intra-op threads; 0 = the cores
   bool uint8 = false;  // uint8 batches, normalised later on the device (data.uint8)
   double seconds = 10.0;
 };
@@ -51,7 +62,8 @@ struct Args {
 [[noreturn]] void usage(const std::string& problem) {
   std::cerr << "bench_loader: " << problem
             << "\nusage: bench_loader --folder DIR [--impl train|torch-data|decode] [--batch 64] "
-               "[--workers N] [--seconds S] [--size 224] [--warmup BATCHES] [--uint8 0|1] [--json]\n";
+               "[--workers N] [--seconds S] [--size 224] [--warmup BATCHES] [--uint8 0|1] [--threads T] "
+               "[--data imagefolder|synthetic] [--json]\n";
   std::exit(2);
 }
 
@@ -71,12 +83,17 @@ Args parse(int argc, char** argv) {
       else if (k == "--size") a.size = std::stoll(v);
       else if (k == "--warmup") a.warmup = std::stoll(v);
       else if (k == "--uint8") a.uint8 = std::stoll(v) != 0;
+      else if (k == "--threads") a.threads = static_cast<int>(std::stoll(v));
+      else if (k == "--data") a.data = v;
       else usage("unknown argument " + k);
     } catch (const std::logic_error&) {
       usage(k + ": not a number: " + v);
     }
   }
-  if (a.folder.empty()) usage("--folder is required");
+  if (a.data != "imagefolder" && a.data != "synthetic") usage("unknown --data " + a.data);
+  if (a.data == "imagefolder" && a.folder.empty()) usage("--folder is required");
+  if (a.data == "synthetic" && a.impl != "train") usage("--data synthetic goes with --impl train only");
+  if (a.threads < 0) usage("--threads must be >= 0");
   if (a.impl != "train" && a.impl != "torch-data" && a.impl != "decode") usage("unknown --impl " + a.impl);
   if (a.batch < 1 || a.workers < 0 || a.seconds <= 0 || a.warmup < 0) usage("values out of range");
   return a;
@@ -142,8 +159,20 @@ std::vector<std::vector<uint8_t>> read_jpegs(const train::data::ImageFolderDatas
 
 int main(int argc, char** argv) {
   const Args a = parse(argc, argv);
-  at::set_num_threads(1);  // the parallelism is the workers, as in PyTorch's DataLoader
-  const auto folder = make_folder(a);
+  at::set_num_threads(a.threads > 0 ? a.threads
+                                     : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  std::shared_ptr<const train::data::ImageFolderDataset> folder;
+  std::shared_ptr<const train::data::Dataset> dataset;
+  if (a.data == "synthetic") {
+    train::data::SyntheticImageOptions o;
+    o.samples = 2048;
+    o.channels = 3;
+    o.image_size = a.size;
+    dataset = std::make_shared<const train::data::SyntheticImageDataset>(o);
+  } else {
+    folder = make_folder(a);
+    dataset = folder;
+  }
   Meter meter{a};
   int64_t workers = a.workers;
 
@@ -153,7 +182,7 @@ int main(int argc, char** argv) {
     lo.workers = a.workers;
     lo.prefetch = 2;
     lo.seed = 1;
-    train::data::Loader loader(folder, lo);
+    train::data::Loader loader(dataset, lo);
     bool more = true;
     for (int64_t epoch = 0; more; ++epoch) {
       loader.start({epoch, 0});

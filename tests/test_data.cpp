@@ -1,3 +1,4 @@
+#include <ATen/Parallel.h>
 #include <torch/cuda.h>
 #include <torch/types.h>
 #include <zlib.h>
@@ -13,6 +14,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <optional>
 #include <set>
@@ -789,6 +791,62 @@ TEST_CASE("Loader shuts down and restarts cleanly while workers are busy", "[dat
   REQUIRE(loader.next().has_value());
   loader.start({5, 0});  // restart while the queue is full
   check_same_batches(run_epoch(loader, {0, 0}), reference);
+}
+
+// Records the intra-op thread count of the thread that loads each sample.
+class ThreadCountDataset : public Dataset {
+ public:
+  int64_t size() const override { return 24; }
+  Example get(int64_t index, uint64_t) const override {
+    const int threads = at::get_num_threads();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      seen_.insert(threads);
+    }
+    return Example{torch::full({4096}, static_cast<float>(index)), torch::scalar_tensor(index, torch::kLong)};
+  }
+  std::vector<int64_t> input_shape() const override { return {4096}; }
+  int64_t num_classes() const override { return 24; }
+  std::string describe() const override { return "thread count dataset"; }
+  std::set<int> seen() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return seen_;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  mutable std::set<int> seen_;
+};
+
+TEST_CASE("Loader workers and scan threads run ATen ops serially; the calling thread keeps its threads", "[data]") {
+  const int before = at::get_num_threads();
+  at::set_num_threads(3);  // as the plan sets them: every core for the training thread
+  struct Restore {
+    int threads;
+    ~Restore() { at::set_num_threads(threads); }
+  } restore{before};
+  {
+    const auto dataset = std::make_shared<ThreadCountDataset>();
+    Loader loader(dataset, index_options(4, /*workers=*/2));
+    CHECK(run_epoch(loader, {0, 0}).size() == 6);
+    CHECK(dataset->seen() == std::set<int>{1});
+  }
+  {
+    const auto dataset = std::make_shared<ThreadCountDataset>();
+    Loader loader(dataset, index_options(4, /*workers=*/0));  // synchronous: the calling thread loads
+    CHECK(run_epoch(loader, {0, 0}).size() == 6);
+    CHECK(dataset->seen() == std::set<int>{3});
+  }
+  {
+    ThreadCountDataset dataset;
+    ScanOptions options;
+    options.threads = 3;
+    options.progress = [](int64_t, int64_t) {};  // every sample read by a thread of the scan's own
+    options.progress_every_s = 0.01;
+    CHECK(scan_dataset(dataset, options).bad == 0);
+    CHECK(dataset.seen() == std::set<int>{1});
+  }
+  CHECK(at::get_num_threads() == 3);
 }
 
 TEST_CASE("pin_memory pins collated batches when CUDA is available", "[data]") {

@@ -17,6 +17,7 @@
 #include <train/log.h>
 
 #include "error_message.h"
+#include "worker_thread.h"
 
 #include <c10/util/Exception.h>
 #include <torch/cuda.h>
@@ -295,6 +296,7 @@ struct Loader::Impl {
   // of delivery, builds that batch and stores it: past the end of the epoch being delivered into
   // the next ones, so that an epoch boundary does not drain the pipeline.
   void worker_loop() {
+    make_intra_op_serial_in_this_thread();
     for (;;) {
       int64_t n = 0;
       {

@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include "error_message.h"
+#include "worker_thread.h"
 #include "train/data/loader.h"
 
 namespace train::data {
@@ -67,12 +68,17 @@ ScanReport scan_dataset(const Dataset& dataset, const ScanOptions& options) {
     }
   };
 
+  // The threads are the parallelism: each runs its ATen ops serially (worker_thread.h).
+  auto serial_work = [&] {
+    make_intra_op_serial_in_this_thread();
+    work();
+  };
   std::vector<std::thread> pool;
   pool.reserve(static_cast<size_t>(threads - 1));
-  for (int t = 1; t < threads; ++t) pool.emplace_back(work);
+  for (int t = 1; t < threads; ++t) pool.emplace_back(serial_work);
   if (options.progress) {
     // The calling thread reports while the pool reads, then joins in.
-    std::thread last(work);
+    std::thread last(serial_work);
     auto reported = std::chrono::steady_clock::now();
     while (done.load() < size) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
