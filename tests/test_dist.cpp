@@ -954,6 +954,61 @@ TEST_CASE("data.on_error skip on 2 ranks: a resumed run counts each rank's sampl
   files::remove_all(dir);
 }
 
+TEST_CASE("checkpoint.best on 2 ranks: both rank the evaluations alike, rank 0 keeps best.pt, a resume shares best.json",
+          "[dist][resume][checkpoint]") {
+  register_test_models();
+  const std::string dir = files::make_temp_directory("train_ddp_best_");
+  const Config config = load_config(write_config(dir, "best", "distributed: {timeout_s: 60}\n"),
+                                    {"trainer.max_steps=8", "trainer.eval_every_steps=2", "checkpoint.every_steps=8",
+                                     "checkpoint.keep_last=1", "checkpoint.best=loss", "tuning.micro_batch=8"});
+  const std::string run_dir = files::join(dir, "run");
+  auto fit_two = [&](const std::string& resume) {
+    const int port = free_port();
+    std::array<FitResult, 2> results;
+    std::array<std::string, 2> failure;
+    std::array<std::thread, 2> ranks;
+    for (int64_t r = 0; r < 2; ++r) {
+      ranks[static_cast<size_t>(r)] = std::thread([&, r] {
+        try {
+          dist::Env env;
+          env.rank = env.local_rank = r;
+          env.world_size = env.local_world_size = 2;
+          env.master_port = port;
+          env.launcher = "test";
+          RunOptions options;
+          options.env = env;
+          RunParts run = prepare_run(config, options);
+          Trainer trainer(config, run.plan, run.model, run.train, run.val, run_dir, run.group);
+          results[static_cast<size_t>(r)] = trainer.fit(resume);
+        } catch (const std::exception& e) {
+          failure[static_cast<size_t>(r)] = e.what();
+        }
+      });
+    }
+    for (auto& t : ranks) t.join();
+    INFO("rank 0: " << failure[0] << "\nrank 1: " << failure[1]);
+    REQUIRE(failure[0].empty());
+    REQUIRE(failure[1].empty());
+    return results;
+  };
+  const auto fresh = fit_two("");
+  CHECK(fresh[0].best_step > 0);
+  CHECK(fresh[1].best_step == fresh[0].best_step);
+  CHECK(fresh[1].best_value == fresh[0].best_value);
+  const std::string checkpoints = files::join(run_dir, "checkpoints");
+  CHECK(fresh[0].best_checkpoint == best_checkpoint_path(checkpoints));
+  const std::optional<BestCheckpoint> record = read_best_checkpoint(checkpoints);
+  REQUIRE(record.has_value());
+  CHECK(record->step == fresh[0].best_step);
+  // Resumed from the final checkpoint: rank 1 gets rank 0's reading of best.json.
+  const auto again = fit_two("auto");
+  CHECK(again[0].best_step == fresh[0].best_step);
+  CHECK(again[1].best_step == fresh[0].best_step);
+  CHECK(again[0].best_value == fresh[0].best_value);
+  CHECK(again[1].best_value == fresh[0].best_value);
+  files::remove_all(dir);
+}
+
 TEST_CASE("ranks that resume from different steps stop with the reason", "[dist][process][resume]") {
   // Each rank finds its own latest checkpoint: here rank 0's run directory has one and rank 1's
   // is empty, as with run directories that are not shared between hosts.

@@ -3,6 +3,7 @@
 #include <train/checkpoint.h>
 #include <train/config.h>
 #include <train/data/loader.h>
+#include <train/data/synthetic.h>
 #include <train/data/token_file.h>
 #include <train/errors.h>
 #include <train/files.h>
@@ -800,6 +801,113 @@ TEST_CASE("checkpoint.keep_last: the newest checkpoints stay with their .crc32c 
   CHECK(left_after(7, 1) == files_of({7}));
   // The final step is a periodic one too.
   CHECK(left_after(8, 2) == files_of({6, 8}));
+}
+
+TEST_CASE("checkpoint.best: best.pt is the step checkpoint of the best evaluation, outlives pruning and resumes on",
+          "[trainer][checkpoint][resume]") {
+  register_tiny_mlp();
+  Config c = synthetic_config();
+  c.trainer.max_steps = 12;
+  c.trainer.eval_every_steps = 1;
+  c.optim.lr = 2.0;  // large enough that the validation loss goes up and down
+  c.checkpoint.every_steps = 6;
+  c.checkpoint.keep_last = 1;
+  c.checkpoint.best = "loss";
+  c.logging.tensorboard = false;
+  // The logged validation rows: step -> loss.
+  auto val_losses = [](const std::string& dir) {
+    std::map<int64_t, double> out;
+    std::ifstream in(files::join(dir, "metrics.jsonl"));
+    for (std::string line; std::getline(in, line);) {
+      if (line.find("\"split\":\"val\"") == std::string::npos) continue;
+      const size_t at = line.find("\"loss\":") + 7;
+      out[std::stoll(line.substr(8))] = std::stod(line.substr(at));
+    }
+    return out;
+  };
+  const std::string dir = temp_dir("best");
+  FitResult whole;
+  {
+    RunParts run = prepare_run(c);
+    Trainer t(c, run.plan, run.model, run.train, run.val, dir);
+    whole = t.fit();
+  }
+  const std::map<int64_t, double> losses = val_losses(dir);
+  REQUIRE(losses.size() == 12);
+  const auto lowest = std::min_element(losses.begin(), losses.end(),
+                                       [](const auto& a, const auto& b) { return a.second < b.second; });
+  // A best evaluation that is neither a periodic nor the final checkpoint, whose own step
+  // checkpoint keep_last: 1 has pruned: best.pt must still be there.
+  REQUIRE(lowest->first % 6 != 0);
+  CHECK(whole.best_metric == "loss");
+  CHECK(whole.best_step == lowest->first);
+  CHECK(whole.best_value == Approx(lowest->second));
+  const std::string checkpoints = files::join(dir, "checkpoints");
+  CHECK(whole.best_checkpoint == best_checkpoint_path(checkpoints));
+  CHECK_FALSE(files::exists(checkpoint_path(checkpoints, lowest->first)));
+  const std::optional<BestCheckpoint> record = read_best_checkpoint(checkpoints);
+  REQUIRE(record.has_value());
+  CHECK(record->metric == "loss");
+  CHECK(record->step == lowest->first);
+  {
+    // best.pt holds that step's state: its model evaluates to the logged loss.
+    RunParts run = prepare_run(c);
+    Trainer t(c, run.plan, run.model, run.train, run.val, "");
+    CHECK(load_checkpoint(whole.best_checkpoint, t.model(), nullptr).step == lowest->first);
+    CHECK(t.evaluate().loss == Approx(lowest->second).epsilon(1e-9));
+  }
+
+  // The same run stopped after step 1 (its evaluation put off) and resumed: the put-off
+  // evaluation becomes the first best, and the resumed run keeps ranking against best.json.
+  const std::string split = temp_dir("best_resumed");
+  {
+    RunParts run = prepare_run(c);
+    Trainer t(c, run.plan, run.model, run.train, run.val, split);
+    t.request_stop();
+    CHECK(t.fit().steps == 1);
+  }
+  CHECK_FALSE(read_best_checkpoint(files::join(split, "checkpoints")).has_value());
+  {
+    RunParts run = prepare_run(c);
+    Trainer t(c, run.plan, run.model, run.train, run.val, split);
+    const FitResult resumed = t.fit("auto");
+    CHECK(resumed.best_step == whole.best_step);
+    CHECK(resumed.best_value == whole.best_value);
+  }
+  // A later attempt, resumed from the final checkpoint with best.json in place, reads it back.
+  const std::string log = logged_while([&] {
+    RunParts run = prepare_run(c);
+    Trainer t(c, run.plan, run.model, run.train, run.val, split);
+    CHECK(t.fit("auto").best_step == whole.best_step);
+  });
+  CHECK_THAT(log, Catch::Contains("best checkpoint so far: val loss"));
+  // Ranked by another metric now: the old best.pt is not comparable, and the next evaluation replaces it.
+  c.checkpoint.best = "accuracy";
+  const std::string changed = logged_while([&] {
+    RunParts run = prepare_run(c);
+    Trainer t(c, run.plan, run.model, run.train, run.val, split);
+    t.fit("auto");
+  });
+  CHECK_THAT(changed, Catch::Contains("checkpoint.best is now accuracy"));
+  files::remove_all(dir);
+  files::remove_all(split);
+}
+
+TEST_CASE("checkpoint.best needs a validation split, and top5 more than five classes", "[trainer][config]") {
+  register_tiny_mlp();
+  Config c = synthetic_config("checkpoint.best=accuracy");
+  RunParts run = prepare_run(c);
+  CHECK_THROWS_WITH(Trainer(c, run.plan, run.model, run.train, nullptr, ""),
+                    Catch::Contains("key 'checkpoint.best'") && Catch::Contains("no validation split"));
+  c.checkpoint.best = "top5";
+  CHECK_NOTHROW(Trainer(c, run.plan, run.model, run.train, run.val, ""));  // 10 classes
+  data::SyntheticImageOptions four;
+  four.samples = 8;
+  four.channels = 1;
+  four.image_size = 8;
+  four.num_classes = 4;
+  CHECK_THROWS_WITH(Trainer(c, run.plan, run.model, run.train, std::make_shared<data::SyntheticImageDataset>(four), ""),
+                    Catch::Contains("top5 needs more than five classes"));
 }
 
 TEST_CASE("cuda: the plan picks bf16 + channels_last on a tensor-core GPU and training converges", "[cuda]") {

@@ -8,7 +8,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 #include <vector>
 
@@ -598,8 +600,78 @@ std::vector<std::string> remove_stale_checkpoint_temporaries(const std::string& 
     return s.size() > suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
   };
   return detail::remove_stale_temporaries(dir, [&](const std::string& target) {
-    return target.rfind("step_", 0) == 0 && (ends_with(target, ".pt") || ends_with(target, ".pt.crc32c"));
+    return (target.rfind("step_", 0) == 0 && (ends_with(target, ".pt") || ends_with(target, ".pt.crc32c"))) ||
+           target == "best.pt" || target == "best.pt.crc32c" || target == "best.json";
   });
+}
+
+std::string best_checkpoint_path(const std::string& dir) { return files::join(dir, "best.pt"); }
+
+namespace {
+std::string best_record_path(const std::string& dir) { return files::join(dir, "best.json"); }
+
+// `to` becomes the file `from` is, atomically: a hard link under a temporary name renamed over
+// `to`; where links fail (another file system, one without them), a copy written the same way.
+void replace_with(const std::string& from, const std::string& to) {
+  const std::string tmp = to + ".tmp." + std::to_string(::getpid());
+  if (files::exists(tmp)) files::remove_file(tmp);
+  if (::link(from.c_str(), tmp.c_str()) != 0) {
+    detail::write_atomically(to, [&](const auto& sink) {
+      std::FILE* in = std::fopen(from.c_str(), "rb");
+      if (in == nullptr) throw Error("cannot read " + from + ": " + std::strerror(errno));
+      std::vector<char> buf(1 << 20);
+      size_t n = 0;
+      while ((n = std::fread(buf.data(), 1, buf.size(), in)) > 0 && sink(buf.data(), n)) {
+      }
+      const bool failed = std::ferror(in) != 0;
+      std::fclose(in);
+      if (failed) throw Error("cannot read " + from + ": " + std::strerror(errno));
+    });
+    return;
+  }
+  if (std::rename(tmp.c_str(), to.c_str()) != 0) {
+    const std::string reason = std::strerror(errno);
+    files::remove_file(tmp);
+    throw Error("cannot replace " + to + ": " + reason);
+  }
+  detail::fsync_path(files::parent(to), /*directory=*/true);
+}
+}  // namespace
+
+bool better_than(const std::string& metric, double value, double best) {
+  return metric == "loss" ? value < best : value > best;
+}
+
+std::optional<BestCheckpoint> read_best_checkpoint(const std::string& dir) {
+  const std::string path = best_record_path(dir);
+  if (!files::exists(path)) return std::nullopt;
+  try {
+    std::ifstream in(path);
+    const nlohmann::json j = nlohmann::json::parse(in);
+    BestCheckpoint best;
+    best.metric = j.at("metric").get<std::string>();
+    best.value = j.at("value").get<double>();
+    best.step = j.at("step").get<int64_t>();
+    return best;
+  } catch (const std::exception& e) {
+    log::warn(path + ": not readable (" + e.what() + "); the next evaluation replaces best.pt");
+    return std::nullopt;
+  }
+}
+
+void keep_best_checkpoint(const std::string& dir, const std::string& checkpoint, const BestCheckpoint& best) {
+  const std::string target = best_checkpoint_path(dir);
+  // Without the old checksum first: best.pt and a checksum of another file never pair up.
+  if (files::exists(sum_path(target))) files::remove_file(sum_path(target));
+  replace_with(checkpoint, target);
+  if (files::exists(sum_path(checkpoint))) replace_with(sum_path(checkpoint), sum_path(target));
+  // nlohmann writes the shortest text that reads back as the same double: a resumed run ranks
+  // against exactly this value.
+  const nlohmann::json record = {{"metric", best.metric},
+                                 {"value", best.value},
+                                 {"step", best.step},
+                                 {"checkpoint", files::filename(checkpoint)}};
+  detail::write_text_atomically(best_record_path(dir), record.dump() + "\n");
 }
 
 }  // namespace train

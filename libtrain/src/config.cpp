@@ -512,6 +512,11 @@ std::vector<Key> build_schema() {
                  "checkpoints kept on disk, the newest ones, the final one counted among them")
           .at_least(1)
           .at_most(1000000),
+      checkpoint("best", &CheckpointConfig::best,
+                 "keep checkpoints/best.pt, the checkpoint of the evaluation with the highest top-1 accuracy "
+                 "(accuracy), top-5 accuracy (top5) or lowest loss (loss), whatever keep_last prunes; "
+                 "best.json beside it names its step and value; none = off")
+          .one_of({"none", "accuracy", "top5", "loss"}),
 
       logging("every_steps", &LoggingConfig::every_steps,
               "training metrics cadence (console, metrics.jsonl, TensorBoard), in optimizer steps")
@@ -639,6 +644,9 @@ constexpr KeyAlias kKeyAliases[] = {
     {"lr_scheduler", "schedule.name", ""},
     {"save_steps", "checkpoint.every_steps", ""},
     {"save_total_limit", "checkpoint.keep_last", ""},
+    {"metric_for_best_model", "checkpoint.best", "accuracy, top5 or loss (none = off)"},
+    {"load_best_model_at_end", "checkpoint.best", "accuracy, top5 or loss: keeps checkpoints/best.pt"},
+    {"save_top_k", "checkpoint.best", "accuracy, top5 or loss: keeps checkpoints/best.pt"},
     {"logging_steps", "logging.every_steps", ""},
     {"log_every_n_steps", "logging.every_steps", ""},
     {"log_interval", "logging.every_steps", ""},

@@ -248,7 +248,11 @@ FitReport train_in_run_dir(const Config& config, RunParts& run, const std::strin
                                                      result.val.has_top5
                                                          ? ", top-5 " + log::fixed(100.0 * result.val.top5, 2) + "%"
                                                          : std::string())
-                                          : ""));
+                                          : "",
+                       result.best_checkpoint.empty()
+                           ? std::string()
+                           : log::str("; best ", result.best_metric, " at step ", result.best_step, ": ",
+                                      result.best_checkpoint)));
     log::set_file("");
     // Stopped by a signal before the end, with a checkpoint to resume from.
     report.exit_code = result.diverged_ranks != 0                ? kExitRuntime

@@ -112,7 +112,13 @@ bool RunDirSnapshot::has_new_checkpoint() const {
     const std::string rel = "checkpoints/" + name;
     if (is_checkpoint_name(rel) && entries_.count(rel) == 0) return true;
   }
-  return false;
+  // checkpoint.best: a new best.pt (an evaluation put off by a stop and done on resume makes the
+  // resumed checkpoint best.pt without writing one) is kept like a checkpoint. best.json says so.
+  const std::string best = "checkpoints/best.json";
+  std::string now;
+  if (!read_bytes(files::join(run_dir_, best), now)) return false;
+  const auto it = entries_.find(best);
+  return it == entries_.end() || !it->second.has_bytes || it->second.bytes != now;
 }
 
 std::string RunDirSnapshot::restore() const noexcept {

@@ -18,7 +18,8 @@ class RunDirSnapshot {
   // directory that `mkdir -p run_dir` would create.
   explicit RunDirSnapshot(std::string run_dir);
 
-  // A checkpoint (checkpoints/step_*.pt) that was not there before: the run can be resumed.
+  // A checkpoint (checkpoints/step_*.pt) that was not there before: the run can be resumed. Or a
+  // new best checkpoint (checkpoints/best.json changed): a result worth keeping.
   bool has_new_checkpoint() const;
 
   // Puts the directory back: removes what was created (the whole directory when the run created

@@ -197,6 +197,41 @@ struct Trainer::Impl {
   std::atomic<bool> stop{false};
   // A graceful stop skipped the evaluation due at `step`: the resumed run does it first.
   bool eval_pending = false;
+  // checkpoint.best: the best evaluation so far (this run's, or best.json's from an earlier one).
+  std::optional<BestCheckpoint> best;
+
+  // The value checkpoint.best ranks an evaluation by; nullopt when off or the metric is missing.
+  std::optional<double> best_metric(const EvalResult& ev) const {
+    const std::string& metric = config.checkpoint.best;
+    if (metric == "none" || ev.samples == 0) return std::nullopt;
+    if (metric == "loss") return ev.loss;
+    if (metric == "top5") return ev.has_top5 ? std::optional<double>(ev.top5) : std::nullopt;
+    return ev.accuracy;
+  }
+  // Whether `ev` becomes the best checkpoint: the same answer on every rank (the evaluation is
+  // reduced over them, and the best so far came from rank 0).
+  bool improves_best(const EvalResult& ev) const {
+    const std::optional<double> value = best_metric(ev);
+    return value && std::isfinite(*value) && (!best || better_than(best->metric, *value, best->value));
+  }
+  // Records `ev` at the current step as the best, and on rank 0 makes `checkpoint` best.pt.
+  void keep_best(const EvalResult& ev, const std::string& checkpoint) {
+    BestCheckpoint record{config.checkpoint.best, *best_metric(ev), step};
+    const std::string dir = checkpoint_dir();
+    if (plan.rank == 0 && !dir.empty() && files::exists(checkpoint)) {
+      keep_best_checkpoint(dir, checkpoint, record);
+      const bool percent = record.metric != "loss";
+      log::info(log::str("best checkpoint: val ", record.metric, " ",
+                         percent ? log::fixed(100.0 * record.value, 2) + "%" : log::fixed(record.value, 4),
+                         " at step ", step,
+                         best ? log::str(" (was ", percent ? log::fixed(100.0 * best->value, 2) + "%"
+                                                           : log::fixed(best->value, 4),
+                                         " at step ", best->step, ")")
+                              : std::string(),
+                         " -> ", best_checkpoint_path(dir)));
+    }
+    best = record;
+  }
   int64_t step = 0;
   int64_t samples_seen = 0;
   // The training loss of the steps after the last logged row, summed over every rank, as the
@@ -662,6 +697,17 @@ Trainer::Trainer(Config config, Plan plan, models::ModelPtr model, data::Dataset
   s.train_set = std::move(train);
   s.val_set = std::move(val);
   s.run_dir = std::move(run_dir);
+  if (s.config.checkpoint.best != "none") {
+    if (!s.val_set) {
+      throw ConfigError("key 'checkpoint.best': " + s.config.checkpoint.best +
+                        " ranks evaluations, but this run has no validation split; set checkpoint.best: none");
+    }
+    const int64_t classes = s.val_set->num_classes();
+    if (s.config.checkpoint.best == "top5" && classes > 0 && classes <= 5) {
+      throw ConfigError(log::str("key 'checkpoint.best': top5 needs more than five classes, the data has ", classes,
+                                 " (top-5 accuracy would always be 100%); use accuracy or loss"));
+    }
+  }
   if (group && group->size() > 1) {
     if (group->size() != s.plan.world_size || group->rank() != s.plan.rank) {
       throw Error(log::str("the plan was made for rank ", s.plan.rank, " of ", s.plan.world_size,
@@ -821,6 +867,30 @@ FitResult Trainer::fit(const std::string& resume) {
                            "; every rank must see rank 0's checkpoints (a shared run directory)"));
     }
   }
+  if (s.config.checkpoint.best != "none") {
+    // The best an earlier attempt in this run directory kept, as rank 0 reads it: every rank then
+    // ranks the evaluations against the same value.
+    std::optional<BestCheckpoint> found = ckpt_dir.empty() || s.plan.rank != 0 ? std::nullopt
+                                                                               : read_best_checkpoint(ckpt_dir);
+    if (found && found->metric != s.config.checkpoint.best) {
+      log::warn(log::str(best_checkpoint_path(ckpt_dir), " was kept for val ", found->metric,
+                         " and checkpoint.best is now ", s.config.checkpoint.best,
+                         ": the next evaluation replaces it"));
+      found.reset();
+    }
+    if (s.group) {
+      const std::vector<double> shared = s.group->reduce_doubles(
+          {found ? 1.0 : 0.0, found ? found->value : 0.0, found ? static_cast<double>(found->step) : 0.0},
+          dist::ReduceOp::Sum);
+      found.reset();
+      if (shared[0] > 0) found = BestCheckpoint{s.config.checkpoint.best, shared[1], static_cast<int64_t>(shared[2])};
+    }
+    s.best = found;
+    if (s.best && s.plan.rank == 0) {
+      log::info(log::str("best checkpoint so far: val ", s.best->metric, " ", s.best->value, " at step ",
+                         s.best->step, " (", best_checkpoint_path(ckpt_dir), ")"));
+    }
+  }
   if (s.sync) {
     s.sync->broadcast_parameters();  // identical replicas, whatever each rank initialised or loaded
     log::info("distributed: gradient allreduce in " + s.sync->describe());
@@ -892,6 +962,8 @@ FitResult Trainer::fit(const std::string& resume) {
   if (s.eval_pending) {  // put off by the graceful stop that wrote the checkpoint resumed from
     result.val = evaluate_and_log();  // evaluate() puts the model back in training mode
     s.eval_pending = false;
+    // No step since the checkpoint resumed from: it is the state this evaluation saw.
+    if (s.improves_best(result.val)) s.keep_best(result.val, resume_path);
   }
   // Evaluation time is not training time (see pause_start below): the first window starts now.
   window_from_checkpoint();
@@ -1102,6 +1174,7 @@ FitResult Trainer::fit(const std::string& resume) {
     // Evaluation and checkpoint time is not training time: the window's samples/s, step time and
     // data-wait share leave it out.
     const auto pause_start = Clock::now();
+    bool best_due = false;
     const int64_t eval_every = s.config.trainer.eval_every_steps;
     if ((eval_every > 0 && s.step % eval_every == 0) || (eval_every == 0 && epoch_end) || last) {
       if (stopping && !last) {
@@ -1112,10 +1185,12 @@ FitResult Trainer::fit(const std::string& resume) {
       } else {
         result.val = evaluate_and_log();
         evaluated_at_end = last;
+        best_due = s.improves_best(result.val);
       }
     }
     const int64_t every = s.config.checkpoint.every_steps;
-    const bool checkpoint_due = (every > 0 && s.step % every == 0) || last || stopping;
+    // A new best evaluation gets this step's checkpoint, which then becomes best.pt.
+    const bool checkpoint_due = (every > 0 && s.step % every == 0) || last || stopping || best_due;
     // Every rank's replaced samples go into rank 0's checkpoint: gathered on every rank, whether
     // or not it has a run directory, since the condition is the same on all of them.
     torch::Tensor skipped;
@@ -1136,6 +1211,7 @@ FitResult Trainer::fit(const std::string& resume) {
         log::info("checkpoint " + result.last_checkpoint);
       }
     }
+    if (best_due) s.keep_best(result.val, result.last_checkpoint);
     // The others wait for rank 0's write here, not in their next collective, which would give up
     // after distributed.timeout_s (a large model on a slow disk takes longer).
     if (s.group && checkpoint_due) {
@@ -1178,6 +1254,14 @@ FitResult Trainer::fit(const std::string& resume) {
   result.scaler_skipped_steps = s.scaler_skipped;
   result.oom_recoveries = s.oom_recoveries;
   result.rollbacks = s.rollbacks;
+  if (s.best) {
+    result.best_metric = s.best->metric;
+    result.best_value = s.best->value;
+    result.best_step = s.best->step;
+    if (!ckpt_dir.empty() && files::exists(best_checkpoint_path(ckpt_dir))) {
+      result.best_checkpoint = best_checkpoint_path(ckpt_dir);
+    }
+  }
   if (s.loader_skipped() > 0) {
     log::warn(log::str("data.on_error skip: ", s.loader_skipped(),
                        " training sample(s) could not be loaded and were replaced (each is named in the log of "

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -65,7 +66,25 @@ void prune_checkpoints(const std::string& dir, int64_t keep, const std::string& 
 // behind: kept in place, --resume auto and rollbacks would jump back to them, and pruning would
 // delete the resumed run's own files first.
 std::vector<std::string> set_aside_checkpoints_after(const std::string& dir, int64_t step);
-// Removes the temporary files ("step_*.pt.tmp.<pid>", "step_*.pt.crc32c.tmp.<pid>") that writes
+// checkpoint.best: the best evaluation a run directory has seen. dir/best.pt is that step's
+// checkpoint (the same bytes: a hard link where the file system has them, else a copy), so
+// pruning the step's own file leaves it; dir/best.json names the metric, value and step.
+struct BestCheckpoint {
+  std::string metric;  // accuracy | top5 | loss
+  double value = 0;
+  int64_t step = -1;
+};
+std::string best_checkpoint_path(const std::string& dir);  // dir/best.pt
+// dir/best.json; nullopt when there is none, or when it cannot be read (a warning names the file).
+std::optional<BestCheckpoint> read_best_checkpoint(const std::string& dir);
+// Makes `checkpoint` dir/best.pt (with its checksum) and writes dir/best.json, each replaced
+// atomically: a crash in between leaves best.pt without a checksum (still verified member by
+// member on load) or best.json one step behind, never a half-written file.
+void keep_best_checkpoint(const std::string& dir, const std::string& checkpoint, const BestCheckpoint& best);
+// Whether `value` of `metric` beats `best` (higher accuracy or top5, lower loss; ties do not).
+bool better_than(const std::string& metric, double value, double best);
+
+// Removes the temporary files ("step_*.pt.tmp.<pid>", "step_*.pt.crc32c.tmp.<pid>", best.pt's and best.json's) that writes
 // killed before their rename left in dir, logging each; those of a writer that is still running
 // here (another process writing to the same directory) are kept, with a warning. Files of this
 // process's own pid count as left over: a container may give every restart the same pid, and this

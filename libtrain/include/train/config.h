@@ -174,6 +174,7 @@ struct PrecisionConfig {
 struct CheckpointConfig {
   int64_t every_steps = 0;       // 0 = only at the end
   int64_t keep_last = 2;         // periodic checkpoints kept on disk (the final one is always kept)
+  std::string best = "none";     // none | accuracy | top5 | loss: keep checkpoints/best.pt by this metric
 };
 
 struct LoggingConfig {

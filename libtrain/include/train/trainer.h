@@ -44,6 +44,12 @@ struct FitResult {
   int64_t oom_recoveries = 0;    // steps redone with a halved micro-batch after running out of memory
   int64_t scaler_skipped_steps = 0;  // loss scaling: steps of this call skipped for inf/NaN gradients
   int64_t rollbacks = 0;         // trainer.on_nonfinite rollback: reloads of the newest checkpoint
+  // checkpoint.best: the best evaluation the run directory has seen (this call's or an earlier
+  // attempt's), its metric, value and step; best_checkpoint is its file (rank 0; "" without one).
+  std::string best_metric;
+  double best_value = 0;
+  int64_t best_step = -1;
+  std::string best_checkpoint;
 };
 
 // Called after the trainer recovered from running out of memory, with the micro-batch that
