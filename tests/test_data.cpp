@@ -818,7 +818,7 @@ class ThreadCountDataset : public Dataset {
   mutable std::set<int> seen_;
 };
 
-TEST_CASE("Loader workers and scan threads run ATen ops serially; the calling thread keeps its threads", "[data]") {
+TEST_CASE("Loader workers and scan threads run ATen ops serially, and the calling thread keeps its threads", "[data]") {
   const int before = at::get_num_threads();
   at::set_num_threads(3);  // as the plan sets them: every core for the training thread
   struct Restore {
