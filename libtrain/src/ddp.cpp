@@ -332,7 +332,7 @@ void GradSync::finish() {
     s.used_reduced = true;
   }
   const auto t0 = Clock::now();
-  for (auto& b : s.buckets) s.group->impl().wait(b.work, "gradient allreduce");
+  for (auto& b : s.buckets) s.group->impl().wait(b.work, "gradient allreduce", /*on_host=*/false);
   s.collectives_done = true;
   s.stats.wait_seconds += seconds_since(t0);
   const auto t1 = Clock::now();
@@ -377,7 +377,7 @@ void GradSync::abandon() {
   // The others' finish() takes part in it, once.
   if (s.options.find_unused_parameters && !s.used_reduced) (void)s.reduce_used();
   s.used_reduced = true;
-  for (auto& b : s.buckets) s.group->impl().wait(b.work, "gradient allreduce");
+  for (auto& b : s.buckets) s.group->impl().wait(b.work, "gradient allreduce", /*on_host=*/false);
   for (auto& b : s.buckets) b.work.reset();
   s.collectives_done = true;
 }

@@ -331,9 +331,13 @@ void Group::Impl::fail(const std::string& op, const std::string& reason) const {
                        timeout_s, " s: ", reason));
 }
 
-void Group::Impl::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& op) const {
+void Group::Impl::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& op, bool on_host) const {
   try {
-    work->wait();
+    if (on_host && backend_name == "nccl") {
+      work->wait(millis(timeout_s));  // blocks the host, and throws once timeout_s has passed
+    } else {
+      work->wait();
+    }
   } catch (const c10::Error& e) {
     fail(op, e.what_without_backtrace());
   } catch (const std::exception& e) {
@@ -423,7 +427,11 @@ std::shared_ptr<Group> Group::create(const Env& env, const DistributedConfig& co
       // The rank's GPU is the current device before NCCL sees it, as torch.distributed asks.
       if (impl->device.has_index()) c10::cuda::set_device(impl->device.index());
       auto options = c10d::ProcessGroupNCCL::Options::create();
-      options->timeout = timeout;
+      // NCCL's watchdog ends the process (the default TORCH_NCCL_ASYNC_ERROR_HANDLING) when a
+      // collective outlasts its timeout. A little later than the host's own wait (Impl::wait), so
+      // that a peer that died or hung is reported by this rank, with its message and exit code;
+      // the watchdog remains the last resort for gradient buckets, which the host does not wait on.
+      options->timeout = timeout + millis(std::max(30.0, 0.1 * config.timeout_s));
       impl->backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(impl->store, static_cast<int>(env.rank),
                                                                    static_cast<int>(env.world_size), options);
 #endif

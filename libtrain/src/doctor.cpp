@@ -37,7 +37,7 @@ std::string first_line(const std::string& text) { return text.substr(0, text.fin
 DoctorCheck smoke(const std::string& name, const torch::Device& device, const std::function<void()>& work) {
   try {
     work();
-    if (device.is_cuda()) torch::cuda::synchronize();
+    if (device.is_cuda()) torch::cuda::synchronize(device.index());  // the GPU it ran on, not the current one
     return {name, "ok", "on " + device.str(), ""};
   } catch (const c10::Error& e) {
     const std::string what = e.what_without_backtrace();

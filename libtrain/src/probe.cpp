@@ -392,6 +392,19 @@ void CpuMemoryCounter::reset_peak() { CountingCpuAllocator::instance().reset_pea
 
 // ---- Probes ---------------------------------------------------------------------------------
 
+// After probing, the caching allocator gives back what the largest step reserved (up to the
+// budget): memory the allocator does not manage (NCCL's buffers, the cuDNN and cuBLAS handles of
+// new threads, kernels loaded later) would otherwise find only what the budget left over.
+static void release_cached_memory(const torch::Device& device) {
+#ifdef TRAIN_WITH_CUDA
+  if (!device.is_cuda()) return;
+  synchronize(device);
+  c10::cuda::CUDACachingAllocator::emptyCache();
+#else
+  (void)device;
+#endif
+}
+
 MemoryFit probe_memory(models::Model& model, const ProbeOptions& options, const std::vector<int64_t>& batches) {
   validate(options, batches);
   const torch::Device device = probe_device(options);
@@ -421,6 +434,7 @@ MemoryFit probe_memory(models::Model& model, const ProbeOptions& options, const 
     });
     points.push_back(point);
   }
+  release_cached_memory(device);
   return fit_memory(std::move(points));
 }
 
@@ -445,6 +459,7 @@ std::vector<ProbePoint> probe_throughput(models::Model& model, const ProbeOption
     });
     points.push_back(point);
   }
+  release_cached_memory(device);
   return points;
 }
 

@@ -541,7 +541,20 @@ RunParts prepare_run_unlocated(const Config& config, const RunOptions& options) 
       throw ConfigError("key 'tuning.device': a named device profile plans for hardware that is not here; it cannot "
                         "be used for a distributed run (" + env.describe() + ")");
     }
-    r.group = dist::Group::create(env, config.distributed, r.device.device_string());
+    DistributedConfig distributed = config.distributed;
+    if (distributed.backend == "nccl" && r.device.is_cuda() && env.local_world_size > r.device.visible_gpus) {
+      throw ConfigError(log::str("key 'distributed.backend': nccl takes one GPU per rank, but ", env.local_world_size,
+                                 " ranks on this node share ", r.device.visible_gpus,
+                                 " visible GPU(s); use gloo or auto, or fewer ranks per node"));
+    }
+    if (distributed.backend == "auto" && r.device.is_cuda() && env.local_world_size > r.device.visible_gpus) {
+      // NCCL refuses two ranks on one GPU ("Duplicate GPU detected") at its first collective.
+      distributed.backend = "gloo";
+      log::warn(log::str("distributed: ", env.local_world_size, " ranks on this node share ", r.device.visible_gpus,
+                         " visible GPU(s); NCCL takes one GPU per rank, so the backend is gloo (slower: the "
+                         "gradients cross through host memory)"));
+    }
+    r.group = dist::Group::create(env, distributed, r.device.device_string());
     log::info("distributed: " + env.describe() + ", backend " + r.group->backend());
   }
 
