@@ -896,6 +896,41 @@ TEST_CASE("distributed evaluation: each rank masks a sample as one process does 
   files::remove_all(dir);
 }
 
+// Fits `config` on 2 ranks in threads of this process, sharing `run_dir`; each rank trains on
+// train_of(its training set), and evaluates when with_val. Both ranks must succeed.
+std::array<FitResult, 2> fit_on_two_ranks(const Config& config, const std::string& run_dir, const std::string& resume,
+                                          const std::function<data::DatasetPtr(data::DatasetPtr)>& train_of,
+                                          bool with_val = false) {
+  const int port = free_port();
+  std::array<FitResult, 2> results;
+  std::array<std::string, 2> failure;
+  std::array<std::thread, 2> ranks;
+  for (int64_t r = 0; r < 2; ++r) {
+    ranks[static_cast<size_t>(r)] = std::thread([&, r] {
+      try {
+        dist::Env env;
+        env.rank = env.local_rank = r;
+        env.world_size = env.local_world_size = 2;
+        env.master_port = port;
+        env.launcher = "test";
+        RunOptions options;
+        options.env = env;
+        RunParts run = prepare_run(config, options);
+        Trainer trainer(config, run.plan, run.model, train_of(run.train), with_val ? run.val : nullptr, run_dir,
+                        run.group);
+        results[static_cast<size_t>(r)] = trainer.fit(resume);
+      } catch (const std::exception& e) {
+        failure[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  INFO("rank 0: " << failure[0] << "\nrank 1: " << failure[1]);
+  REQUIRE(failure[0].empty());
+  REQUIRE(failure[1].empty());
+  return results;
+}
+
 TEST_CASE("data.on_error skip on 2 ranks: a resumed run counts each rank's samples replaced before its checkpoint",
           "[dist][resume][data]") {
   register_test_models();
@@ -907,36 +942,10 @@ TEST_CASE("data.on_error skip on 2 ranks: a resumed run counts each rank's sampl
                                     {"data.on_error=skip", "data.shuffle=false", "trainer.max_steps=12",
                                      "checkpoint.every_steps=4", "checkpoint.keep_last=5", "tuning.micro_batch=8"});
   const std::set<int64_t> bad = {5, 7, 40, 100, 131};
-  // Both ranks in this process, in threads, sharing the run directory.
   auto fit_two = [&](const std::string& run_dir, const std::string& resume) {
-    const int port = free_port();
-    std::array<FitResult, 2> results;
-    std::array<std::string, 2> failure;
-    std::array<std::thread, 2> ranks;
-    for (int64_t r = 0; r < 2; ++r) {
-      ranks[static_cast<size_t>(r)] = std::thread([&, r] {
-        try {
-          dist::Env env;
-          env.rank = env.local_rank = r;
-          env.world_size = env.local_world_size = 2;
-          env.master_port = port;
-          env.launcher = "test";
-          RunOptions options;
-          options.env = env;
-          RunParts run = prepare_run(config, options);
-          Trainer trainer(config, run.plan, run.model, std::make_shared<testing::BadSamples>(run.train, bad), nullptr, run_dir,
-                          run.group);
-          results[static_cast<size_t>(r)] = trainer.fit(resume);
-        } catch (const std::exception& e) {
-          failure[static_cast<size_t>(r)] = e.what();
-        }
-      });
-    }
-    for (auto& t : ranks) t.join();
-    INFO("rank 0: " << failure[0] << "\nrank 1: " << failure[1]);
-    REQUIRE(failure[0].empty());
-    REQUIRE(failure[1].empty());
-    return results;
+    return fit_on_two_ranks(config, run_dir, resume, [&](data::DatasetPtr train) {
+      return std::make_shared<testing::BadSamples>(train, bad);
+    });
   };
   const std::string dir_a = files::join(dir, "a"), dir_b = files::join(dir, "b");
   const auto uninterrupted = fit_two(dir_a, "");
@@ -963,33 +972,7 @@ TEST_CASE("checkpoint.best on 2 ranks: both rank the evaluations alike, rank 0 k
                                      "checkpoint.keep_last=1", "checkpoint.best=loss", "tuning.micro_batch=8"});
   const std::string run_dir = files::join(dir, "run");
   auto fit_two = [&](const std::string& resume) {
-    const int port = free_port();
-    std::array<FitResult, 2> results;
-    std::array<std::string, 2> failure;
-    std::array<std::thread, 2> ranks;
-    for (int64_t r = 0; r < 2; ++r) {
-      ranks[static_cast<size_t>(r)] = std::thread([&, r] {
-        try {
-          dist::Env env;
-          env.rank = env.local_rank = r;
-          env.world_size = env.local_world_size = 2;
-          env.master_port = port;
-          env.launcher = "test";
-          RunOptions options;
-          options.env = env;
-          RunParts run = prepare_run(config, options);
-          Trainer trainer(config, run.plan, run.model, run.train, run.val, run_dir, run.group);
-          results[static_cast<size_t>(r)] = trainer.fit(resume);
-        } catch (const std::exception& e) {
-          failure[static_cast<size_t>(r)] = e.what();
-        }
-      });
-    }
-    for (auto& t : ranks) t.join();
-    INFO("rank 0: " << failure[0] << "\nrank 1: " << failure[1]);
-    REQUIRE(failure[0].empty());
-    REQUIRE(failure[1].empty());
-    return results;
+    return fit_on_two_ranks(config, run_dir, resume, [](data::DatasetPtr train) { return train; }, /*with_val=*/true);
   };
   const auto fresh = fit_two("");
   CHECK(fresh[0].best_step > 0);
