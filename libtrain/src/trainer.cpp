@@ -159,6 +159,13 @@ int64_t smaller_micro_batch(int64_t n) {
 
 }  // namespace
 
+// "accuracy 91.23% at step 1872", "loss 0.4312 at step 1872".
+static std::string describe_best(const BestCheckpoint& best) {
+  return log::str(best.metric, " ",
+                  best.metric == "loss" ? log::fixed(best.value, 4) : log::fixed(100.0 * best.value, 2) + "%",
+                  " at step ", best.step);
+}
+
 struct Trainer::Impl {
   Config config;
   Plan plan;
@@ -220,15 +227,9 @@ struct Trainer::Impl {
     const std::string dir = checkpoint_dir();
     if (plan.rank == 0 && !dir.empty() && files::exists(checkpoint)) {
       keep_best_checkpoint(dir, checkpoint, record);
-      const bool percent = record.metric != "loss";
-      log::info(log::str("best checkpoint: val ", record.metric, " ",
-                         percent ? log::fixed(100.0 * record.value, 2) + "%" : log::fixed(record.value, 4),
-                         " at step ", step,
-                         best ? log::str(" (was ", percent ? log::fixed(100.0 * best->value, 2) + "%"
-                                                           : log::fixed(best->value, 4),
-                                         " at step ", best->step, ")")
-                              : std::string(),
-                         " -> ", best_checkpoint_path(dir)));
+      log::info(log::str("best checkpoint: val ", describe_best(record),
+                         best ? " (was " + describe_best(*best) + ")" : std::string(), " -> ",
+                         best_checkpoint_path(dir)));
     }
     best = record;
   }
@@ -891,8 +892,8 @@ FitResult Trainer::fit(const std::string& resume) {
     }
     s.best = found;
     if (s.best && s.plan.rank == 0) {
-      log::info(log::str("best checkpoint so far: val ", s.best->metric, " ", s.best->value, " at step ",
-                         s.best->step, " (", best_checkpoint_path(ckpt_dir), ")"));
+      log::info(log::str("best checkpoint so far: val ", describe_best(*s.best), " (",
+                         best_checkpoint_path(ckpt_dir), ")"));
     }
   }
   if (s.sync) {
