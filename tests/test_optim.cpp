@@ -8,6 +8,7 @@
 #include <train/files.h>
 #include <train/optim.h>
 
+#include <cmath>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -184,6 +185,78 @@ TEST_CASE("cuda: SGD and AdamW foreach and fused match torch::optim on the GPU, 
     check_same_parameters(reference, last);
     CHECK_FALSE(last.conv.is_contiguous());
   }
+}
+
+TEST_CASE("clip_grad_norm: global L2 norm, scaled down only above the limit", "[optim]") {
+  torch::nn::Linear linear(2, 1);
+  linear->weight.mutable_grad() = torch::tensor({{3.0, 0.0}});
+  linear->bias.mutable_grad() = torch::tensor({4.0});
+  CHECK(clip_grad_norm(*linear, 10.0) == Approx(5.0));  // below the limit: unchanged
+  CHECK(linear->bias.grad().item<double>() == Approx(4.0));
+  CHECK(clip_grad_norm(*linear, 1.0) == Approx(5.0));   // returns the norm before clipping
+  CHECK(linear->weight.grad()[0][0].item<double>() == Approx(0.6).epsilon(1e-5));
+  CHECK(linear->bias.grad().item<double>() == Approx(0.8).epsilon(1e-5));
+}
+
+namespace {
+
+// Gradients of three dtypes (one list each for the multi-tensor kernels), a parameter without a
+// gradient, and a 4-D channels_last one, on `device`.
+struct ClipNet : torch::nn::Module {
+  explicit ClipNet(const torch::Device& device) {
+    torch::manual_seed(3);
+    const auto on = torch::TensorOptions().device(device);
+    auto add = [&](const std::string& name, torch::Tensor value) {
+      auto p = register_parameter(name, value.to(on));
+      p.mutable_grad() = torch::randn_like(p) * 3;  // same dtype and layout
+    };
+    add("a", torch::randn({7, 5}));
+    add("b", torch::randn({3}));
+    add("half", torch::randn({4, 4}).to(torch::kBFloat16));
+    add("wide", torch::randn({2, 3}, torch::kDouble));
+    add("conv", torch::randn({4, 3, 3, 3}).contiguous(at::MemoryFormat::ChannelsLast));
+    register_parameter("frozen", torch::randn({2}).to(on));  // no gradient: not counted
+  }
+};
+
+void check_clip_matches_reference(const torch::Device& device) {
+  for (const double max_norm : {1e9, 2.0}) {
+    ClipNet net(device);
+    std::vector<torch::Tensor> before;
+    double square = 0;
+    for (const auto& p : net.parameters()) {
+      if (!p.grad().defined()) continue;
+      before.push_back(p.grad().to(torch::kCPU, torch::kDouble).clone());  // not the gradient itself (fp64)
+      square += before.back().pow(2).sum().item<double>();
+    }
+    const double reference = std::sqrt(square);
+    INFO("max_norm " << max_norm << " on " << device);
+    CHECK(clip_grad_norm(net, max_norm) == Approx(reference).epsilon(1e-5));
+    const double scale = reference > max_norm ? max_norm / (reference + 1e-6) : 1.0;
+    size_t i = 0;
+    for (const auto& item : net.named_parameters()) {
+      const auto& p = item.value();
+      if (!p.grad().defined()) continue;
+      INFO(item.key());
+      const auto want = before[i++] * scale;
+      // bf16 gradients are scaled in bf16: three significant digits.
+      const double tolerance = p.grad().scalar_type() == torch::kBFloat16 ? 1e-2 : 1e-5;
+      CHECK(torch::allclose(p.grad().to(torch::kCPU, torch::kDouble), want, tolerance, tolerance));
+      CHECK(p.grad().device() == device);
+    }
+    CHECK(net.named_parameters()["conv"].grad().is_contiguous(at::MemoryFormat::ChannelsLast));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("clip_grad_norm: fp32, bf16 and fp64 gradients together give the norm of all of them", "[optim]") {
+  check_clip_matches_reference(torch::kCPU);
+}
+
+TEST_CASE("cuda: clip_grad_norm with the multi-tensor kernels matches the reference on the GPU", "[cuda][optim]") {
+  TRAIN_SKIP_WITHOUT_CUDA("no CUDA device visible: checked by scripts/gpu-check on a GPU machine");
+  check_clip_matches_reference(torch::Device("cuda:0"));
 }
 
 TEST_CASE("optim: auto picks fused where LibTorch has the kernel, else foreach", "[optim]") {

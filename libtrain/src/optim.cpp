@@ -363,18 +363,33 @@ double LrSchedule::at(int64_t step) const {
 }
 
 double clip_grad_norm(torch::nn::Module& model, double max_norm) {
-  std::vector<torch::Tensor> grads;
+  torch::NoGradGuard no_grad;
+  // One list per (device, dtype): each goes to one multi-tensor norm and one multi-tensor scale,
+  // a handful of kernels for the whole model where a loop launches two per parameter (on a GPU,
+  // with the host sync of the norm between them, those launches are time the device sits idle).
+  std::map<std::pair<std::string, int>, std::vector<torch::Tensor>> groups;
   for (const auto& p : model.parameters()) {
-    if (p.grad().defined()) grads.push_back(p.grad());
+    const auto& g = p.grad();
+    if (g.defined()) groups[{g.device().str(), static_cast<int>(g.scalar_type())}].push_back(g);
   }
-  if (grads.empty()) return 0.0;
-  std::vector<torch::Tensor> norms;
-  norms.reserve(grads.size());
-  for (const auto& g : grads) norms.push_back(g.detach().to(torch::kFloat).norm());
+  if (groups.empty()) return 0.0;
+  std::vector<torch::Tensor> norms;  // fp32 norms, one per gradient
+  for (const auto& [key, grads] : groups) {
+    const auto type = grads.front().scalar_type();
+    if (type == torch::kFloat || type == torch::kDouble) {
+      for (auto& n : at::_foreach_norm(grads, 2)) norms.push_back(n.to(torch::kFloat));
+    } else {
+      // fp16/bf16 gradients: the norm in fp32 (an fp16 norm overflows above 65,504).
+      for (const auto& g : grads) norms.push_back(g.to(torch::kFloat).norm());
+    }
+  }
+  // Per-device partial norms meet on the first gradient's device for the one host read.
+  const auto& first = norms.front().device();
+  for (auto& n : norms) n = n.to(first);
   const double total = torch::stack(norms).norm().item<double>();
   if (max_norm > 0 && total > max_norm) {
     const double scale = max_norm / (total + 1e-6);
-    for (auto& g : grads) g.detach().mul_(scale);
+    for (auto& [key, grads] : groups) at::_foreach_mul_(grads, scale);
   }
   return total;
 }
