@@ -20,6 +20,8 @@
 #include <torch/torch.h>
 
 #include <atomic>
+#include <exception>
+#include <stdexcept>
 #include <limits>
 #include <memory>
 #include <set>
@@ -31,6 +33,19 @@ using namespace train;
 
 namespace {
 
+// Above this micro-batch WideMlp's training forward fails: an impossible allocation, or with
+// g_fail_with_shape_error a shape mismatch.
+std::atomic<int64_t> g_fail_above{std::numeric_limits<int64_t>::max()};
+std::atomic<bool> g_fail_with_shape_error{false};
+
+struct FailAbove {
+  FailAbove(int64_t batch, bool shape_error) {
+    g_fail_above = batch;
+    g_fail_with_shape_error = shape_error;
+  }
+  ~FailAbove() { g_fail_above = std::numeric_limits<int64_t>::max(); }
+};
+
 // Wide hidden layer with a chain of SiLUs: activations (per sample) dominate the memory of a step, so halving the
 // micro-batch visibly lowers the peak. No batch statistics: micro-batching does not change the
 // update.
@@ -41,6 +56,15 @@ class WideMlp : public models::Model {
     fc2 = register_module("fc2", torch::nn::Linear(2048, c.num_classes));
   }
   torch::Tensor forward(const torch::Tensor& x) override {
+    if (is_training() && x.size(0) > g_fail_above.load()) {
+      if (g_fail_with_shape_error) {
+        (void)torch::matmul(torch::ones({2, 3}), torch::ones({2, 3}));  // a real error that is not memory
+      } else {
+        // More than the address space: fails for real in the CPU allocator (posix_memalign), which
+        // LibTorch reports as a plain c10::Error, not as an OutOfMemoryError.
+        (void)torch::empty({int64_t{1} << 50}, torch::kByte);
+      }
+    }
     auto h = fc1->forward(x.flatten(1));
     for (int i = 0; i < 4; ++i) h = h * torch::sigmoid(h);  // each keeps two [B, 2048] tensors for backward
     return fc2->forward(h);
@@ -68,8 +92,23 @@ class PoisonedMlp : public models::Model {
   torch::nn::Linear fc1{nullptr}, fc2{nullptr};
 };
 
+// One large parameter that the loss barely touches: its gradient and the optimizer's state are
+// the memory of a step, the activations next to nothing.
+class HeavyParams : public models::Model {
+ public:
+  explicit HeavyParams(const ModelConfig& c) {
+    fc = register_module("fc", torch::nn::Linear(c.in_channels * 8 * 8, c.num_classes));
+    big = register_parameter("big", torch::zeros({8 << 20}));  // 32 MiB
+  }
+  torch::Tensor forward(const torch::Tensor& x) override { return fc->forward(x.flatten(1)) + big.sum() * 1e-3; }
+  torch::nn::Linear fc{nullptr};
+  torch::Tensor big;
+};
+
 void register_models() {
   static const bool once = [] {
+    models::register_model("heavy_params", [](const ModelConfig& c) { return std::make_shared<HeavyParams>(c); },
+                           "a linear layer next to one 32 MiB parameter");
     models::register_model("wide_mlp", [](const ModelConfig& c) { return std::make_shared<WideMlp>(c); },
                            "wide two-layer MLP for the out-of-memory tests");
     models::register_model("poisoned_mlp", [](const ModelConfig& c) { return std::make_shared<PoisonedMlp>(c); },
@@ -184,6 +223,81 @@ TEST_CASE("out of memory: the micro-batch halves, the global batch stays, the st
       CHECK_THAT(e.what(), Catch::Contains("at micro-batch 1"));
     }
   }
+}
+
+TEST_CASE("is_out_of_memory: the allocators' failures, not other LibTorch errors", "[fault][oom]") {
+  const auto caught = [](auto&& f) -> std::exception_ptr {
+    try {
+      f();
+    } catch (...) {
+      return std::current_exception();
+    }
+    return nullptr;
+  };
+  const auto classify = [](const std::exception_ptr& p) {
+    REQUIRE(p);
+    try {
+      std::rethrow_exception(p);
+    } catch (const std::exception& e) {
+      return is_out_of_memory(e);
+    }
+  };
+  const auto error = [](const std::string& message) {
+    return std::make_exception_ptr(c10::Error(c10::SourceLocation{"f", "file.cpp", 1}, message));
+  };
+  // The CPU allocator, for real: more bytes than the address space.
+  const auto cpu = caught([] { (void)torch::empty({int64_t{1} << 50}, torch::kByte); });
+  REQUIRE(cpu);
+  CHECK(classify(cpu));
+  CHECK(classify(std::make_exception_ptr(c10::OutOfMemoryError(c10::SourceLocation{"f", "file.cpp", 1},
+                                                                "CUDA out of memory. Tried to allocate 2.00 GiB"))));
+  // Messages LibTorch gives when a CUDA allocation outside its caching allocator fails.
+  CHECK(classify(error("CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported")));
+  CHECK(classify(error("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`")));
+  CHECK(classify(error("cuDNN error: CUDNN_STATUS_ALLOC_FAILED")));
+  // Not memory: a shape error, an NCCL failure (its communicator is not trusted again), and an
+  // exception that is not LibTorch's.
+  CHECK_FALSE(classify(caught([] { (void)torch::matmul(torch::ones({2, 3}), torch::ones({2, 3})); })));
+  CHECK_FALSE(classify(error("NCCL error in: ProcessGroupNCCL.cpp:1, unhandled cuda error, NCCL version 2.28.9 "
+                             "Last error: Cuda failure 'out of memory'")));
+  CHECK_FALSE(classify(std::make_exception_ptr(std::runtime_error("out of memory"))));
+}
+
+TEST_CASE("a CPU allocation that fails as a plain LibTorch error is recovered like the GPU's out-of-memory error",
+          "[fault][oom]") {
+  const Config whole = config_for("wide_mlp", {"tuning.micro_batch=32", "optim.momentum=0"});
+  const OomRun small = run_limited(config_for("wide_mlp", {"tuning.micro_batch=16", "optim.momentum=0"}), 0);
+  SECTION("an allocation failure halves the micro-batch and redoes the step") {
+    FailAbove fail(16, false);
+    const OomRun recovered = run_limited(whole, 0);
+    CHECK(recovered.result.oom_recoveries == 1);
+    CHECK(recovered.plan.micro_batch == 16);
+    CHECK(recovered.plan.global_batch == 32);
+    CHECK(identical(recovered.params, small.params));
+  }
+  SECTION("any other LibTorch error ends the run as before") {
+    FailAbove fail(16, true);
+    CHECK_THROWS_AS(run_limited(whole, 0), c10::Error);
+  }
+}
+
+TEST_CASE("out of memory in the optimizer step ends the run with what a smaller micro-batch cannot change",
+          "[fault][oom]") {
+  // AdamW's first step allocates two 32 MiB state tensors next to the 32 MiB gradient: a limit of
+  // 80 MiB above the start lets the forward and backward passes run and not the step.
+  const Config c = config_for("heavy_params", {"optim.name=adamw", "optim.lr=0.001", "tuning.micro_batch=32"});
+  try {
+    run_limited(c, int64_t{80} << 20);
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("out of memory in the optimizer step of step 1"));
+    CHECK_THAT(e.what(), Catch::Contains("A smaller micro-batch does not shrink this part"));
+    CHECK_THAT(e.what(), Catch::Contains("0.031 GiB of parameters"));
+    CHECK_THAT(e.what(), Catch::Contains("(adamw)"));
+    CHECK(e.exit_code() == kExitRuntime);
+  }
+  // With room for the state the same run trains.
+  CHECK(run_limited(c, 0).result.steps == 4);
 }
 
 TEST_CASE("out of memory mid-run: checkpoints written after the change resume at the new micro-batch",

@@ -353,7 +353,8 @@ bool fits_in_memory(const torch::Device& device, Measure&& measure) {
   try {
     measure();
     return true;
-  } catch (const c10::OutOfMemoryError&) {
+  } catch (const c10::Error& e) {
+    if (!is_out_of_memory(e)) throw;
 #ifdef TRAIN_WITH_CUDA
     if (device.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
 #else
@@ -364,6 +365,22 @@ bool fits_in_memory(const torch::Device& device, Measure&& measure) {
 }
 
 }  // namespace
+
+// ---- is_out_of_memory ------------------------------------------------------------------------
+
+bool is_out_of_memory(const std::exception& error) {
+  if (dynamic_cast<const c10::OutOfMemoryError*>(&error) != nullptr) return true;
+  if (dynamic_cast<const c10::Error*>(&error) == nullptr) return false;
+  // c10::Error's what() carries a backtrace after the message; the first lines are the message.
+  const std::string message = error.what();
+  if (message.find("NCCL") != std::string::npos) return false;
+  for (const char* marker : {"CUDA out of memory", "CUDA error: out of memory", "CUBLAS_STATUS_ALLOC_FAILED",
+                             "CUDNN_STATUS_ALLOC_FAILED", "DefaultCPUAllocator: can't allocate memory",
+                             "DefaultCPUAllocator: not enough memory"}) {
+    if (message.find(marker) != std::string::npos) return true;
+  }
+  return false;
+}
 
 // ---- CpuMemoryCounter -----------------------------------------------------------------------
 

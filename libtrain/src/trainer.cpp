@@ -30,6 +30,7 @@
 #include "train/log.h"
 #include "train/metrics.h"
 #include "train/optim.h"
+#include "train/probe.h"
 
 namespace train {
 namespace {
@@ -549,6 +550,20 @@ struct Trainer::Impl {
     if (on_oom) on_oom(failed, next);
   }
 
+  // Out of memory after the backward pass (unscaling, clipping, the optimizer step: on the first
+  // step the optimizer allocates its state). A smaller micro-batch does not shrink this part, and
+  // the weights may be half updated, so the run ends; its checkpoints are as they were.
+  std::string optimizer_out_of_memory(const std::string& what) const {
+    int64_t param_bytes = 0;
+    for (const auto& p : model->parameters()) param_bytes += p.numel() * static_cast<int64_t>(p.element_size());
+    const double gib = static_cast<double>(param_bytes) / static_cast<double>(int64_t{1} << 30);
+    return log::str("out of memory in the optimizer step of step ", step + 1, " (after the backward pass at micro-batch ",
+                    plan.micro_batch, "): ", what, ". A smaller micro-batch does not shrink this part: it holds the ",
+                    log::fixed(gib, 3), " GiB of parameters, as much again of gradients and the optimizer's state (",
+                    config.optim.name, "). Free ", device.str(), " (another process may hold it) or train a smaller "
+                    "model; the checkpoints written so far are intact (resume with --resume auto)");
+  }
+
   // A non-finite loss (or gradient norm) without loss scaling: trainer.on_nonfinite decides.
   // Called before the optimizer step, on every rank alike.
   void handle_nonfinite(double loss, std::pair<int64_t, int64_t> step_start) {
@@ -1025,9 +1040,10 @@ FitResult Trainer::fit(const std::string& resume) {
         micro_losses.push_back(loss.detach());
       }
       if (s.sync) s.sync->finish();  // averaged gradients, before unscaling, clipping and the step
-    } catch (const c10::OutOfMemoryError& e) {
+    } catch (const c10::Error& e) {
+      if (!is_out_of_memory(e)) throw;
       // The activations and the autograd graph went with the stack; the gradients go now.
-      oom = first_line(e.what());
+      oom = first_line(e.what_without_backtrace());
       if (!s.config.tuning.oom_recovery) {
         throw Error(log::str("out of memory in step ", s.step + 1, " at micro-batch ", s.plan.micro_batch, ": ", oom,
                              " (tuning.oom_recovery is off; set tuning.micro_batch lower)"));
@@ -1102,22 +1118,27 @@ FitResult Trainer::fit(const std::string& resume) {
       const double ranks = s.group ? static_cast<double>(s.group->size()) : 1.0;
       token_loss_rescale(*s.model, divisor * ranks / static_cast<double>(global_targets));
     }
-    if (s.config.optim.clip_grad_norm > 0) {
-      s.scaler->unscale(*s.optimizer);  // clip the true gradients, not the scaled ones
-      const double norm = clip_grad_norm(*s.model, s.config.optim.clip_grad_norm);
-      // The gradients are the same on every rank, so every rank sees the same norm.
-      if (!s.plan.loss_scaling && !std::isfinite(norm)) {
-        s.handle_nonfinite(step_loss, step_start);
-        restart_window();
-        continue;
-      }
-    }
     const double lr = schedule.at(s.step);
-    set_learning_rate(*s.optimizer, lr);
-    // Skips the step when a gradient is inf/NaN (loss scaling only); the schedule and the step
-    // count go on, as with torch.amp.GradScaler.
-    if (!s.scaler->step(*s.optimizer)) ++s.scaler_skipped;
-    s.scaler->update();
+    try {
+      if (s.config.optim.clip_grad_norm > 0) {
+        s.scaler->unscale(*s.optimizer);  // clip the true gradients, not the scaled ones
+        const double norm = clip_grad_norm(*s.model, s.config.optim.clip_grad_norm);
+        // The gradients are the same on every rank, so every rank sees the same norm.
+        if (!s.plan.loss_scaling && !std::isfinite(norm)) {
+          s.handle_nonfinite(step_loss, step_start);
+          restart_window();
+          continue;
+        }
+      }
+      set_learning_rate(*s.optimizer, lr);
+      // Skips the step when a gradient is inf/NaN (loss scaling only); the schedule and the step
+      // count go on, as with torch.amp.GradScaler.
+      if (!s.scaler->step(*s.optimizer)) ++s.scaler_skipped;
+      s.scaler->update();
+    } catch (const c10::Error& e) {
+      if (!is_out_of_memory(e)) throw;
+      throw Error(s.optimizer_out_of_memory(first_line(e.what_without_backtrace())));
+    }
     ++s.step;
     s.samples_seen += s.plan.global_batch;
     if (nonfinite) {

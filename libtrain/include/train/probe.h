@@ -14,6 +14,7 @@
 #include <c10/core/Allocator.h>
 
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -91,6 +92,15 @@ int64_t choose_by_throughput(const std::vector<ProbePoint>& points, double min_g
 // The MemoryFit of the points that did not run out of memory (see MemoryFit). A single batch size
 // gives a line through the origin, which overestimates larger batches.
 MemoryFit fit_memory(std::vector<ProbePoint> points);
+
+// Whether `error` reports that an allocation failed: c10::OutOfMemoryError (what CUDA's caching
+// allocator throws when the device is full), or a plain c10::Error from the allocations that do not
+// go through it: "CUDA error: out of memory" (a cudaMalloc outside the cache, e.g. a library's
+// handle), cuBLAS/cuDNN workspaces (CUBLAS_STATUS_ALLOC_FAILED, CUDNN_STATUS_ALLOC_FAILED) and the
+// CPU allocator ("DefaultCPUAllocator: can't allocate memory"). A smaller batch can cure each of
+// these; an NCCL failure that mentions memory is not counted (its communicator cannot be trusted
+// afterwards). The trainer's recovery and the probe use this one test.
+bool is_out_of_memory(const std::exception& error);
 
 // Counts the bytes LibTorch allocates through its CPU allocator while the counter is alive: it
 // installs a counting allocator in front of the current one and reinstalls that one, at its
