@@ -66,10 +66,12 @@ class WideMlp : public models::Model {
       }
     }
     auto h = fc1->forward(x.flatten(1));
+    if (bn) h = bn->forward(h);
     for (int i = 0; i < 4; ++i) h = h * torch::sigmoid(h);  // each keeps two [B, 2048] tensors for backward
     return fc2->forward(h);
   }
   torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  torch::nn::BatchNorm1d bn{nullptr};  // wide_bn_mlp only
 };
 
 // Produces a NaN in the forward passes whose (1-based) count is in [nan_from, nan_to].
@@ -107,6 +109,13 @@ class HeavyParams : public models::Model {
 
 void register_models() {
   static const bool once = [] {
+    models::register_model("wide_bn_mlp",
+                           [](const ModelConfig& c) {
+                             auto m = std::make_shared<WideMlp>(c);
+                             m->bn = m->register_module("bn", torch::nn::BatchNorm1d(2048));
+                             return m;
+                           },
+                           "wide_mlp with BatchNorm after the first layer");
     models::register_model("heavy_params", [](const ModelConfig& c) { return std::make_shared<HeavyParams>(c); },
                            "a linear layer next to one 32 MiB parameter");
     models::register_model("wide_mlp", [](const ModelConfig& c) { return std::make_shared<WideMlp>(c); },
@@ -152,6 +161,7 @@ bool identical(const std::vector<torch::Tensor>& a, const std::vector<torch::Ten
 
 struct OomRun {
   std::vector<torch::Tensor> params;
+  std::vector<torch::Tensor> buffers;
   int64_t peak = 0;
   FitResult result;
   Plan plan;
@@ -170,6 +180,7 @@ OomRun run_limited(const Config& config, int64_t limit) {
     out.result = trainer.fit();
     out.peak = counter.peak_bytes();
     out.params = snapshot(trainer);
+    for (const auto& b : trainer.model().buffers()) out.buffers.push_back(b.detach().clone());
     out.plan = trainer.plan();
   }
   return out;
@@ -223,6 +234,21 @@ TEST_CASE("out of memory: the micro-batch halves, the global batch stays, the st
       CHECK_THAT(e.what(), Catch::Contains("at micro-batch 1"));
     }
   }
+}
+
+TEST_CASE("out of memory with BatchNorm: the redone step counts its batch statistics once", "[fault][oom]") {
+  // The micro-batch of 32 gets through BatchNorm (which updates the running statistics) before it
+  // runs out; the redone step must start from the statistics as they were.
+  const Config whole = config_for("wide_bn_mlp", {"tuning.micro_batch=32", "optim.momentum=0"});
+  const OomRun big = run_limited(whole, 0);
+  const OomRun small = run_limited(config_for("wide_bn_mlp", {"tuning.micro_batch=16", "optim.momentum=0"}), 0);
+  REQUIRE(big.peak > small.peak + small.peak / 20);
+  const OomRun recovered = run_limited(whole, (big.peak + small.peak) / 2);
+  REQUIRE(recovered.result.oom_recoveries == 1);
+  REQUIRE(recovered.buffers.size() == 3);  // running mean, running variance, batches tracked
+  CHECK(identical(recovered.params, small.params));
+  CHECK(identical(recovered.buffers, small.buffers));
+  CHECK(!identical(recovered.buffers, big.buffers));
 }
 
 TEST_CASE("is_out_of_memory: the allocators' failures, not other LibTorch errors", "[fault][oom]") {

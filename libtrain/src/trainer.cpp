@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <limits>
+#include <map>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -158,6 +159,41 @@ int64_t smaller_micro_batch(int64_t n) {
   return 0;
 }
 
+// The model's buffers (BatchNorm's running statistics) as they were at the start of a step, so
+// that a step redone after running out of memory does not count its first micro-batches' batch
+// statistics twice. One concatenated copy per device and dtype: a couple of kernels a step.
+class BufferSnapshot {
+ public:
+  void take(torch::nn::Module& model) {
+    torch::NoGradGuard no_grad;
+    std::map<std::pair<std::string, int>, std::vector<torch::Tensor>> groups;
+    for (const auto& b : model.buffers()) {
+      if (b.defined()) groups[{b.device().str(), static_cast<int>(b.scalar_type())}].push_back(b);
+    }
+    groups_.clear();
+    for (auto& [key, buffers] : groups) {
+      std::vector<torch::Tensor> flat;
+      flat.reserve(buffers.size());
+      for (const auto& b : buffers) flat.push_back(b.reshape({-1}));
+      groups_.push_back({std::move(buffers), torch::cat(flat)});
+    }
+  }
+  void restore() const {
+    torch::NoGradGuard no_grad;
+    for (const auto& [buffers, copy] : groups_) {
+      int64_t offset = 0;
+      for (const auto& b : buffers) {
+        const int64_t n = b.numel();
+        b.copy_(copy.narrow(0, offset, n).view(b.sizes()));
+        offset += n;
+      }
+    }
+  }
+
+ private:
+  std::vector<std::pair<std::vector<torch::Tensor>, torch::Tensor>> groups_;
+};
+
 }  // namespace
 
 // "accuracy 91.23% at step 1872", "loss 0.4312 at step 1872".
@@ -181,6 +217,7 @@ struct Trainer::Impl {
   dist::GroupPtr group;                 // null for a single process
   std::unique_ptr<dist::GradSync> sync;  // data-parallel gradient averaging (group of > 1 rank)
   bool has_buffers = false;
+  BufferSnapshot step_buffers;  // with tuning.oom_recovery: the buffers at the start of the step
   OomListener on_oom;
   // on_nonfinite rollback: steps whose batches gave a non-finite loss, as (epoch, first sample of
   // the step in this rank's share of the epoch); they are passed over. Saved in checkpoints.
@@ -536,6 +573,7 @@ struct Trainer::Impl {
                            " at this precision: try precision.mode bf16/fp16 or a smaller model"));
     }
     drop_gradients();
+    step_buffers.restore();  // the forward passes that ran updated BatchNorm's statistics
 #ifdef TRAIN_WITH_CUDA
     if (device.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
 #endif
@@ -741,8 +779,8 @@ Trainer::Trainer(Config config, Plan plan, models::ModelPtr model, data::Dataset
     so.first_bucket_bytes = static_cast<int64_t>(s.config.distributed.first_bucket_mb * (1 << 20));
     so.find_unused_parameters = s.config.distributed.find_unused_parameters;
     s.sync = std::make_unique<dist::GradSync>(*s.model, s.group, so);
-    s.has_buffers = !s.model->buffers().empty();
   }
+  s.has_buffers = !s.model->buffers().empty();
   s.optimizer = make_optimizer(s.config.optim, *s.model, s.plan.lr);
   GradScalerOptions scaling;
   scaling.enabled = s.plan.loss_scaling;  // disabled: scale/step/update are pass-throughs
@@ -996,6 +1034,7 @@ FitResult Trainer::fit(const std::string& resume) {
     s.optimizer->zero_grad();
     // Like PyTorch's DDP: rank 0's BatchNorm statistics go to every rank before the forward.
     if (s.sync && s.has_buffers && s.config.distributed.broadcast_buffers) s.sync->broadcast_buffers();
+    if (s.has_buffers && s.config.tuning.oom_recovery) s.step_buffers.take(*s.model);
     // The micro-batch losses stay on the device until the one read after the step (that read is
     // the step's only host sync besides the optimizer's own).
     std::vector<torch::Tensor> micro_losses;  // micro-batch means, or sums for token targets
