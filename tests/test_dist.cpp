@@ -34,6 +34,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <set>
 #include <mutex>
@@ -282,6 +283,25 @@ std::vector<Proc> start_ranks(const std::string& dir, const std::string& config,
     procs.push_back(spawn({self_exe()}, env, files::join(dir, "rank" + std::to_string(r) + ".log")));
   }
   return procs;
+}
+
+// Starts `world` ranks of `train fit` as a scheduler starts them (only the environment, no `train
+// launch`, whose launcher would serve the store): rank 0 serves the store. `args(r)` is what rank
+// r gets after `train fit`; its output goes to <dir>/rank<r>.log.
+std::vector<Proc> spawn_fit_ranks(const std::string& dir, int world,
+                                  const std::function<std::vector<std::string>(int)>& args) {
+  const int port = free_port();
+  std::vector<Proc> ranks;
+  for (int r = 0; r < world; ++r) {
+    std::vector<std::string> argv = {kTrain, "fit"};
+    for (auto& a : args(r)) argv.push_back(std::move(a));
+    ranks.push_back(spawn(argv,
+                          {{"RANK", std::to_string(r)}, {"LOCAL_RANK", std::to_string(r)},
+                           {"WORLD_SIZE", std::to_string(world)}, {"LOCAL_WORLD_SIZE", std::to_string(world)},
+                           {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)}},
+                          files::join(dir, "rank" + std::to_string(r) + ".log")));
+  }
+  return ranks;
 }
 
 // Rank `rank` of `world` as a thread of this process (the test runs one thread per rank), on CPU.
@@ -1009,14 +1029,9 @@ TEST_CASE("ranks that resume from different steps stop with the reason", "[dist]
   auto first = spawn({kTrain, "fit", config, "--run-dir", a, "--set", "trainer.max_steps=6"}, {},
                      files::join(dir, "first.log"));
   REQUIRE(wait_for(first, 120) == 0);
-  const int port = free_port();
-  std::vector<Proc> ranks;
-  for (int r = 0; r < 2; ++r) {
-    ranks.push_back(spawn({kTrain, "fit", config, "--run-dir", r == 0 ? a : b, "--resume", "auto"},
-                          {{"RANK", std::to_string(r)}, {"LOCAL_RANK", std::to_string(r)}, {"WORLD_SIZE", "2"},
-                           {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)}},
-                          files::join(dir, "rank" + std::to_string(r) + ".log")));
-  }
+  auto ranks = spawn_fit_ranks(dir, 2, [&](int r) -> std::vector<std::string> {
+    return {config, "--run-dir", r == 0 ? a : b, "--resume", "auto"};
+  });
   for (const auto& p : ranks) {
     const int rc = wait_for(p, 60);
     const std::string out = slurp(p.log);
@@ -1129,14 +1144,7 @@ TEST_CASE("a frozen rank 0 (its store too): the other rank still exits non-zero 
   const std::string run_dir = files::join(dir, "run");
   // Started as a scheduler starts them (no `train launch`, whose launcher serves the store): rank 0
   // serves the store.
-  const int port = free_port();
-  std::vector<Proc> ranks;
-  for (int r = 0; r < 2; ++r) {
-    ranks.push_back(spawn({kTrain, "fit", config, "--run-dir", run_dir},
-                          {{"RANK", std::to_string(r)}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", std::to_string(r)},
-                           {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)}},
-                          files::join(dir, "rank" + std::to_string(r) + ".log")));
-  }
+  auto ranks = spawn_fit_ranks(dir, 2, [&](int) -> std::vector<std::string> { return {config, "--run-dir", run_dir}; });
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   while (!files::exists(files::join(run_dir, "checkpoints/step_00000050.pt")) &&
          std::chrono::steady_clock::now() < deadline) {
@@ -1333,14 +1341,7 @@ TEST_CASE("a stop signal while a rank reports a failure does not cut the report 
                            "distributed: {timeout_s: 30}\n"
                            "logging: {every_steps: 20, tensorboard: false}\n";
   const std::string run_dir = files::join(dir, "run");
-  const int port = free_port();
-  std::vector<Proc> ranks;
-  for (int r = 0; r < 2; ++r) {
-    ranks.push_back(spawn({kTrain, "fit", config, "--run-dir", run_dir},
-                          {{"RANK", std::to_string(r)}, {"LOCAL_RANK", std::to_string(r)}, {"WORLD_SIZE", "2"},
-                           {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)}},
-                          files::join(dir, "rank" + std::to_string(r) + ".log")));
-  }
+  auto ranks = spawn_fit_ranks(dir, 2, [&](int) -> std::vector<std::string> { return {config, "--run-dir", run_dir}; });
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   while (!files::exists(files::join(run_dir, "checkpoints/step_00000020.pt")) &&
          std::chrono::steady_clock::now() < deadline) {
