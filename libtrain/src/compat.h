@@ -231,6 +231,17 @@ using C10dBackend = c10d::Backend;
 using C10dBackend = c10d::ProcessGroup;
 #endif
 
+// Ends a backend at the end of its group's life. Destroyed without it, 2.x's ProcessGroupNCCL
+// warns at exit that "destroy_process_group() was not called" (and then shuts itself down);
+// Backend::shutdown is a no-op for Gloo. 1.13's ProcessGroup has no shutdown.
+inline void shutdown_backend(C10dBackend& backend) {
+#if TRAIN_TORCH_AT_LEAST(2, 4)
+  backend.shutdown();
+#else
+  (void)backend;
+#endif
+}
+
 // Whether this LibTorch's TCPStore client speaks the protocol of the 2.x stores that torchrun's
 // agent serves (1.13's does not: the agent rejects its messages).
 constexpr bool kTcpStoreSpeaksAgentProtocol = TRAIN_TORCH_AT_LEAST(2, 0);

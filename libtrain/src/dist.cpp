@@ -346,6 +346,15 @@ void Group::Impl::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::st
 }
 
 Group::Group(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Group::Impl::~Impl() {
+  if (!backend) return;
+  try {
+    compat::shutdown_backend(*backend);
+  } catch (const std::exception& e) {
+    log::warn(std::string("distributed: shutting the ") + backend_name + " backend down failed: " + e.what());
+  }
+}
+
 Group::~Group() = default;
 
 std::shared_ptr<Group> Group::create(const Env& env, const DistributedConfig& config, const std::string& device) {

@@ -18,6 +18,8 @@ struct Group::Impl {
   c10::intrusive_ptr<compat::C10dBackend> backend;
   int64_t store_barriers = 0;  // wait_for_all calls so far: the same count on every rank
 
+  ~Impl();  // shuts the backend down (compat::shutdown_backend)
+
   // "rank 1 of 2 (gloo): allreduce failed: <c10d's reason>" as a train::Error.
   [[noreturn]] void fail(const std::string& op, const std::string& reason) const;
   // Waits for a collective, turning c10d's exceptions into fail(): a failure, or
