@@ -77,7 +77,7 @@ class BertLayer(nn.Module):
         self.output.LayerNorm = nn.LayerNorm(hidden, eps=1e-12)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x, keep):
+    def forward(self, x, keep, masks):
         b, t, _ = x.shape
         attn_self = getattr(self.attention, "self")
 
@@ -86,11 +86,14 @@ class BertLayer(nn.Module):
 
         q, k, v = split(attn_self.query(x)), split(attn_self.key(x)), split(attn_self.value(x))
         p = self.attention_dropout if self.training else 0.0
-        m = additive_mask(keep, q.dtype)
+        if keep is not None and not masks:  # made by the first layer, in the attention's dtype
+            masks.append(additive_mask(keep, q.dtype))
+        m = masks[0] if masks else None
         if self.attention_impl == "fused":
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=m, dropout_p=p)
         else:
-            probs = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(self.head_dim) + m, dim=-1)
+            scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)
+            probs = torch.softmax(scores if m is None else scores + m, dim=-1)
             if p > 0:
                 probs = F.dropout(probs, p, training=True)
             context = probs @ v
@@ -136,8 +139,11 @@ class BertForMaskedLM(nn.Module):
         x = x + emb.token_type_embeddings.weight[0].view(1, 1, -1)
         x = emb.dropout(emb.LayerNorm(x))
         keep = (ids != PAD_ID).view(ids.shape[0], 1, 1, t)
+        if bool(keep.all()):  # no padding: no mask, so that SDPA may take the flash kernel (as the C++ model)
+            keep = None
+        masks = []
         for layer in self.encoder.layer:
-            x = layer(x, keep)
+            x = layer(x, keep, masks)
         if has_target is not None:  # the head only where there is a target, as train's trainer does
             x = x.reshape(-1, x.shape[-1]).index_select(0, has_target.reshape(-1).nonzero().squeeze(1))
         tr = self.cls.predictions.transform

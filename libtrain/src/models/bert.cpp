@@ -62,22 +62,27 @@ class BertLayer : public torch::nn::Module {
     dropout_ = register_module("dropout", torch::nn::Dropout(o.dropout));
   }
 
-  // x [B, T, H]; keep [B, 1, 1, T] bool, true where a key may be attended.
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& keep) {
+  // x [B, T, H]; keep [B, 1, 1, T] bool, true where a key may be attended, or undefined when every
+  // key may be. `mask` is the additive mask made from keep, in the attention's dtype: the first
+  // layer makes it, the others reuse it.
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& keep, torch::Tensor& mask) {
     const int64_t b = x.size(0), t = x.size(1);
     auto split = [&](const torch::Tensor& y) { return y.view({b, t, heads_, head_dim_}).transpose(1, 2); };
     const auto q = split(query_(x)), k = split(key_(x)), v = split(value_(x));
     const double p = is_training() ? attention_dropout_ : 0.0;
-    const auto m = additive_mask(keep, q.scalar_type());
+    if (keep.defined() && !mask.defined()) mask = additive_mask(keep, q.scalar_type());
     torch::Tensor context;
     if (*attention_ == BertAttention::kFused) {
 #if TRAIN_TORCH_AT_LEAST(2, 0)
-      context = at::scaled_dot_product_attention(q, k, v, m, p, /*is_causal=*/false);
+      // Without a mask, SDPA may take the flash kernel, which takes none.
+      context = mask.defined() ? at::scaled_dot_product_attention(q, k, v, mask, p, /*is_causal=*/false)
+                               : at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, p, /*is_causal=*/false);
 #else
       throw std::logic_error("BERT: fused attention needs LibTorch 2.0 or newer");
 #endif
     } else {
-      auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim_)) + m;
+      auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim_));
+      if (mask.defined()) scores = scores + mask;
       auto probs = torch::softmax(scores, -1);
       if (p > 0) probs = torch::dropout(probs, p, /*train=*/true);
       context = torch::matmul(probs, v);
@@ -213,9 +218,13 @@ torch::Tensor BertModel::encode(const torch::Tensor& input_ids, const torch::Ten
                                     : token_type_->weight[0].view({1, 1, -1}));
   x = embedding_dropout_(embedding_norm_(x));
 
-  const torch::Tensor keep =
+  torch::Tensor keep =
       (attention_mask.defined() ? attention_mask.ne(0) : ids.ne(options_.pad_id)).view({ids.size(0), 1, 1, t});
-  for (const auto& layer : *layers_) x = layer->as<BertLayer>()->forward(x, keep);
+  // A batch without padding (packed MLM sequences always) needs no mask: dropped, as Hugging Face's
+  // SDPA attention drops an all-ones mask, so that the flash kernel may run. One host read.
+  if (keep.all().item<bool>()) keep = torch::Tensor();
+  torch::Tensor mask;
+  for (const auto& layer : *layers_) x = layer->as<BertLayer>()->forward(x, keep, mask);
   return x;
 }
 
