@@ -73,7 +73,7 @@ auto fields(const train::TuningConfig& t) {
                   t.max_micro_batch, t.probe, t.memory_fraction, t.cache_dir);
 }
 auto fields(const train::PrecisionConfig& p) { return std::tie(p.mode, p.loss_scaling, p.channels_last); }
-auto fields(const train::CheckpointConfig& c) { return std::tie(c.every_steps, c.keep_last, c.best); }
+auto fields(const train::CheckpointConfig& c) { return std::tie(c.every_steps, c.keep_last, c.best, c.async); }
 auto fields(const train::LoggingConfig& l) { return std::tie(l.every_steps, l.level, l.jsonl); }
 
 void check_same(const Config& a, const Config& b) {
@@ -163,6 +163,7 @@ Config unusual_config() {
   c.checkpoint.every_steps = 500;
   c.checkpoint.keep_last = 3;
   c.checkpoint.best = "loss";
+  c.checkpoint.async = "on";
   c.logging.every_steps = 10;
   c.logging.level = "debug";
   c.logging.jsonl = false;

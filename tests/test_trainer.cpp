@@ -893,6 +893,132 @@ TEST_CASE("checkpoint.best: best.pt is the step checkpoint of the best evaluatio
   files::remove_all(split);
 }
 
+namespace {
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+}  // namespace
+
+TEST_CASE("AsyncCheckpointWriter: save_checkpoint's bytes, of the state at save(), then jobs in order, failures "
+          "reported once", "[trainer][checkpoint]") {
+  register_tiny_mlp();
+  const Config c = synthetic_config();
+  RunParts run = prepare_run(c);
+  const std::string dir = temp_dir("async_writer");
+  TrainState state;
+  state.step = 3;
+  state.config_yaml = "x: 1";
+  state.tensors["extra/t"] = torch::arange(4);
+  const std::string sync = files::join(dir, "sync.pt"), async = files::join(dir, "async.pt");
+  save_checkpoint(sync, *run.model, nullptr, state);
+  std::vector<std::string> order;
+  {
+    AsyncCheckpointWriter writer;
+    writer.save(async, *run.model, nullptr, state);
+    // The loop goes on at once: what it changes now is not in the file.
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& p : run.model->parameters()) p.add_(1.0);
+    }
+    writer.then([&] { order.push_back(files::exists(async) ? "after the write" : "before the write"); });
+    writer.then([&] { order.push_back("second"); });
+    writer.wait();
+    CHECK(writer.idle());
+    CHECK(order == std::vector<std::string>{"after the write", "second"});
+    CHECK(file_bytes(async) == file_bytes(sync));
+    CHECK(file_bytes(async + ".crc32c") == file_bytes(sync + ".crc32c"));
+
+    // A write that fails (a directory where its temporary file goes): reported by the next wait(),
+    // once; the job queued after it (best.pt's link, say) is not run; the next save works.
+    const std::string blocked = files::join(dir, "blocked.pt");
+    files::make_directories(blocked + ".tmp." + std::to_string(::getpid()));
+    writer.save(blocked, *run.model, nullptr, state);
+    bool ran = false;
+    writer.then([&] { ran = true; });
+    CHECK_THROWS_WITH(writer.wait(), Catch::Contains("cannot write " + blocked + ".tmp."));
+    CHECK_FALSE(ran);
+    CHECK_FALSE(files::exists(blocked));
+    CHECK_NOTHROW(writer.wait());
+    writer.save(async, *run.model, nullptr, state);
+    writer.wait();
+    CHECK(file_bytes(async) != file_bytes(sync));  // the parameters moved on
+  }
+  files::remove_all(dir);
+}
+
+TEST_CASE("checkpoint.async: the files of a run written in the background are those written in the loop",
+          "[trainer][checkpoint][resume]") {
+  register_tiny_mlp();
+  Config c = synthetic_config();
+  c.trainer.max_steps = 12;
+  c.trainer.eval_every_steps = 1;
+  c.optim.lr = 2.0;  // the validation loss goes up and down: best.pt moves
+  c.checkpoint.every_steps = 3;
+  c.checkpoint.keep_last = 2;
+  c.checkpoint.best = "loss";
+  c.logging.tensorboard = false;
+  std::map<std::string, std::vector<std::string>> names;  // mode -> the files left in checkpoints/
+  const std::string base = temp_dir("async");
+  for (const std::string mode : {"off", "on"}) {
+    c.checkpoint.async = mode;
+    const std::string dir = files::join(base, mode);
+    const std::string log = logged_while([&] {
+      RunParts run = prepare_run(c);
+      CHECK(run.plan.checkpoint_async == (mode == "on"));
+      Trainer t(c, run.plan, run.model, run.train, run.val, dir);
+      const FitResult r = t.fit();
+      CHECK(r.steps == 12);
+      CHECK(files::exists(r.best_checkpoint));
+    });
+    CHECK((log.find("s to write in the background") != std::string::npos) == (mode == "on"));
+    names[mode] = files::list_directory(files::join(dir, "checkpoints"));
+  }
+  // Steps 9 and 12 kept (keep_last 2), each with its checksum, best.pt with its own and best.json.
+  CHECK(names["on"].size() == 7);
+  CHECK(names["on"] == names["off"]);
+  // The same contents: the files differ only in the config they carry (checkpoint.async).
+  for (const auto& name : names["on"]) {
+    INFO(name);
+    const std::string on = files::join(base, "on/checkpoints/" + name), off = files::join(base, "off/checkpoints/" + name);
+    if (name == "best.json") CHECK(file_bytes(on) == file_bytes(off));
+    if (name.size() < 3 || name.compare(name.size() - 3, 3, ".pt") != 0) continue;
+    const auto w_on = read_checkpoint_weights(on), w_off = read_checkpoint_weights(off);
+    REQUIRE(w_on.size() == w_off.size());
+    for (const auto& [key, value] : w_on) CHECK(torch::equal(value, w_off.at(key)));
+    RunParts run = prepare_run(c);
+    const TrainState s_on = load_checkpoint(on, *run.model, nullptr), s_off = load_checkpoint(off, *run.model, nullptr);
+    CHECK(s_on.step == s_off.step);
+    CHECK(s_on.samples_seen == s_off.samples_seen);
+    CHECK(s_on.batch_in_epoch == s_off.batch_in_epoch);
+    REQUIRE(s_on.tensors.size() == s_off.tensors.size());
+    for (const auto& [key, value] : s_on.tensors) CHECK(torch::equal(value, s_off.tensors.at(key)));
+    CHECK_THAT(s_on.config_yaml, Catch::Contains("async: on"));
+  }
+  files::remove_all(base);
+
+  SECTION("a stop request: the checkpoint is complete when fit returns") {
+    c.checkpoint.async = "on";
+    const std::string dir = temp_dir("async_stop");
+    {
+      RunParts run = prepare_run(c);
+      Trainer t(c, run.plan, run.model, run.train, run.val, dir);
+      t.request_stop();
+      CHECK(t.fit().steps == 1);
+    }
+    const std::string first = checkpoint_path(files::join(dir, "checkpoints"), 1);
+    CHECK(latest_checkpoint(files::join(dir, "checkpoints")) == first);
+    {
+      RunParts run = prepare_run(c);
+      Trainer t(c, run.plan, run.model, run.train, run.val, dir);
+      CHECK(t.fit("auto").steps == 12);
+    }
+    files::remove_all(dir);
+  }
+}
+
 TEST_CASE("checkpoint.best needs a validation split, and top5 more than five classes", "[trainer][config]") {
   register_tiny_mlp();
   Config c = synthetic_config("checkpoint.best=accuracy");

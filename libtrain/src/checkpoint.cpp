@@ -5,13 +5,21 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <exception>
 #include <fstream>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <thread>
 #include <torch/torch.h>
+#include <utility>
 #include <vector>
 
 #include "atomic_file.h"
@@ -313,8 +321,12 @@ int64_t read_int(torch::serialize::InputArchive& archive, const std::string& key
 
 }  // namespace
 
-void save_checkpoint(const std::string& path, const torch::nn::Module& model,
-                     const torch::optim::Optimizer* optimizer, const TrainState& state) {
+namespace {
+
+// The archive save_checkpoint writes: the model's state on the CPU, the optimizer's, the counters
+// and the other components' tensors.
+torch::serialize::OutputArchive checkpoint_archive(const torch::nn::Module& model,
+                                                   const torch::optim::Optimizer* optimizer, const TrainState& state) {
   torch::serialize::OutputArchive archive;
   archive.write("format", c10::IValue(kCheckpointFormat));
   torch::serialize::OutputArchive weights;
@@ -334,7 +346,12 @@ void save_checkpoint(const std::string& path, const torch::nn::Module& model,
   torch::serialize::OutputArchive extra;
   for (const auto& [name, tensor] : state.tensors) extra.write(name, tensor.detach().to(torch::kCPU));
   archive.write("state", extra);
+  return archive;
+}
 
+// Writes what `produce` hands its sink to `path` atomically, then the .crc32c sidecar.
+void write_checkpoint_file(const std::string& path,
+                           const std::function<void(const std::function<bool(const void*, size_t)>&)>& produce) {
   uint32_t crc = 0;
   uint64_t bytes = 0;
   // A checkpoint written again at the same step (after a rollback, say) loses its old
@@ -345,16 +362,133 @@ void save_checkpoint(const std::string& path, const torch::nn::Module& model,
     if (files::exists(sum_path(path))) files::remove_file(sum_path(path));
   };
   detail::write_atomically(path, [&](const auto& sink) {
-    archive.save_to([&](const void* data, size_t n) -> size_t {
+    produce([&](const void* data, size_t n) {
       crc = crc32c(data, n, crc);
       bytes += n;
+      return sink(data, n);
+    });
+  }, drop_old_sum);
+  detail::write_text_atomically(sum_path(path), sum_text(crc, bytes));
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& path, const torch::nn::Module& model,
+                     const torch::optim::Optimizer* optimizer, const TrainState& state) {
+  torch::serialize::OutputArchive archive = checkpoint_archive(model, optimizer, state);
+  write_checkpoint_file(path, [&](const std::function<bool(const void*, size_t)>& sink) {
+    archive.save_to([&](const void* data, size_t n) -> size_t {
       // Always n: told of a short write, LibTorch's writer throws from its destructor
       // (std::terminate). write_atomically remembers the failure and throws once save_to returns.
       sink(data, n);
       return n;
     });
-  }, drop_old_sum);
-  detail::write_text_atomically(sum_path(path), sum_text(crc, bytes));
+  });
+}
+
+// ---- AsyncCheckpointWriter ------------------------------------------------------------------
+
+struct AsyncCheckpointWriter::Impl {
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::deque<std::function<void()>> queue;
+  bool running = false;  // a job is out of the queue and not done
+  bool stop = false;
+  std::exception_ptr failure;
+  std::string buffer;  // the serialized checkpoint being written; its capacity stays for the next
+  std::thread thread;
+
+  void work() {
+    std::unique_lock<std::mutex> lock(mutex);
+    for (;;) {
+      changed.wait(lock, [&] { return stop || !queue.empty(); });
+      if (queue.empty()) return;  // stop, and nothing left
+      std::function<void()> job = std::move(queue.front());
+      queue.pop_front();
+      running = true;
+      const bool skip = failure != nullptr;  // what follows a failed write (its best.pt link) is not done
+      lock.unlock();
+      std::exception_ptr error;
+      if (!skip) {
+        try {
+          job();
+        } catch (...) {
+          error = std::current_exception();
+        }
+      }
+      lock.lock();
+      if (error && !failure) failure = error;
+      running = false;
+      changed.notify_all();
+    }
+  }
+  void enqueue(std::function<void()> job) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!thread.joinable()) thread = std::thread([this] { work(); });
+    queue.push_back(std::move(job));
+    changed.notify_all();
+  }
+  // Waits for the queue to drain; returns the failure not yet reported, if any.
+  std::exception_ptr drain() {
+    std::unique_lock<std::mutex> lock(mutex);
+    changed.wait(lock, [&] { return queue.empty() && !running; });
+    return std::exchange(failure, nullptr);
+  }
+};
+
+AsyncCheckpointWriter::AsyncCheckpointWriter() : impl_(std::make_unique<Impl>()) {}
+
+AsyncCheckpointWriter::~AsyncCheckpointWriter() {
+  if (const auto failure = impl_->drain()) {
+    try {
+      std::rethrow_exception(failure);
+    } catch (const std::exception& e) {
+      log::error(std::string("checkpoint written in the background failed: ") + e.what());
+    } catch (...) {
+      log::error("checkpoint written in the background failed");
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    impl_->stop = true;
+    impl_->changed.notify_all();
+  }
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+void AsyncCheckpointWriter::save(const std::string& path, const torch::nn::Module& model,
+                                 const torch::optim::Optimizer* optimizer, const TrainState& state) {
+  wait();  // the buffer is free, and an earlier failure is reported before this checkpoint
+  const auto started = std::chrono::steady_clock::now();
+  std::string& buffer = impl_->buffer;
+  buffer.clear();
+  checkpoint_archive(model, optimizer, state).save_to([&](const void* data, size_t n) -> size_t {
+    buffer.append(static_cast<const char*>(data), n);
+    return n;
+  });
+  const double copy_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  impl_->enqueue([this, path, copy_s] {
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string& bytes = impl_->buffer;
+    write_checkpoint_file(path, [&](const std::function<bool(const void*, size_t)>& sink) {
+      sink(bytes.data(), bytes.size());
+    });
+    log::info(log::str("checkpoint ", path, " (", log::fixed(static_cast<double>(bytes.size()) / (1 << 20), 1),
+                       " MiB: ", log::fixed(copy_s, 2), " s to copy in the training loop, ",
+                       log::fixed(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2),
+                       " s to write in the background)"));
+  });
+}
+
+void AsyncCheckpointWriter::then(std::function<void()> job) { impl_->enqueue(std::move(job)); }
+
+void AsyncCheckpointWriter::wait() {
+  if (const auto failure = impl_->drain()) std::rethrow_exception(failure);
+}
+
+bool AsyncCheckpointWriter::idle() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->queue.empty() && !impl_->running;
 }
 
 TrainState load_checkpoint(const std::string& path, torch::nn::Module& model, torch::optim::Optimizer* optimizer) {

@@ -517,6 +517,12 @@ std::vector<Key> build_schema() {
                  "(accuracy), top-5 accuracy (top5) or lowest loss (loss), whatever keep_last prunes; "
                  "best.json beside it names its step and value; none = off")
           .one_of({"none", "accuracy", "top5", "loss"}),
+      checkpoint("async", &CheckpointConfig::async,
+                 "write checkpoints on a background thread: the training loop pays for a copy in host memory "
+                 "(kept for the next checkpoint), not for the disk; the last checkpoint and one before a stop "
+                 "are complete before the run ends; auto = on for a GPU run whose parameters and optimizer state "
+                 "come to 256 MiB or more (on a CPU the writing thread would take cores from the training)")
+          .one_of({"auto", "on", "off"}),
 
       logging("every_steps", &LoggingConfig::every_steps,
               "training metrics cadence (console, metrics.jsonl, TensorBoard), in optimizer steps")

@@ -421,6 +421,32 @@ Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInpu
   decide("pin_memory", plan.pin_memory ? "on" : "off",
          plan.pin_memory ? "page-locked buffers; each batch is copied on a side stream while the previous one computes"
                           : "no GPU");
+
+  // ---- checkpoints ----
+  // fp32 parameters and the optimizer's state: AdamW keeps two moments per parameter, SGD with
+  // momentum one buffer.
+  const int64_t state_copies = config.optim.name == "adamw" ? 2 : config.optim.momentum > 0 ? 1 : 0;
+  const int64_t checkpoint_bytes = inputs.model_params * 4 * (1 + state_copies);
+  const std::string size = log::str("about ", log::fixed(static_cast<double>(checkpoint_bytes) / (1 << 20), 0),
+                                    " MiB (parameters", state_copies > 0 ? " + " + config.optim.name + " state" : "", ")");
+  constexpr int64_t kAsyncFrom = int64_t{256} << 20;
+  if (config.checkpoint.async != "auto") {
+    plan.checkpoint_async = config.checkpoint.async == "on";
+    decide("checkpoints", plan.checkpoint_async ? "async" : "sync", "checkpoint.async; a checkpoint is " + size);
+  } else {
+    // On a CPU the training's threads take every core: a thread writing beside them slows the
+    // steps more than the write it hides (BERT-base on 2 cores: 92.9 s with sync checkpoints, 96.8
+    // with async ones, benchmarks/README.md).
+    plan.checkpoint_async = device.is_cuda() && checkpoint_bytes >= kAsyncFrom;
+    decide("checkpoints", plan.checkpoint_async ? "async" : "sync",
+           plan.checkpoint_async
+               ? "a checkpoint is " + size + ": written on a background thread while the GPU trains on; it costs "
+                     "a copy of that size in host memory"
+           : !device.is_cuda()
+               ? "a checkpoint is " + size + "; on a CPU a background write would take cores from the training's "
+                     "threads, so it is written in the loop"
+               : "a checkpoint is " + size + ", under 256 MiB: written in the training loop");
+  }
   return plan;
 }
 
@@ -582,6 +608,7 @@ std::string Plan::to_json() const {
       .add("prefetch", prefetch)
       .add("pin_memory", pin_memory)
       .add("uint8_batches", uint8_batches)
+      .add("checkpoint_async", checkpoint_async)
       .add("model_params", model_params)
       .add("memory_fixed_bytes", memory.fixed_bytes)
       .add("memory_per_sample_bytes", memory.per_sample_bytes)

@@ -214,6 +214,9 @@ struct Trainer::Impl {
   std::unique_ptr<GradScaler> scaler;
   std::unique_ptr<data::Loader> loader;
   std::unique_ptr<DeviceFeeder> feeder;  // CUDA with pinned memory: copies one batch ahead
+  // plan.checkpoint_async, on rank 0 with a run directory: checkpoints, their pruning and best.pt
+  // are written on its thread, in order.
+  std::unique_ptr<AsyncCheckpointWriter> writer;
   dist::GroupPtr group;                 // null for a single process
   std::unique_ptr<dist::GradSync> sync;  // data-parallel gradient averaging (group of > 1 rank)
   bool has_buffers = false;
@@ -263,11 +266,20 @@ struct Trainer::Impl {
   void keep_best(const EvalResult& ev, const std::string& checkpoint) {
     BestCheckpoint record{config.checkpoint.best, *best_metric(ev), step};
     const std::string dir = checkpoint_dir();
-    if (plan.rank == 0 && !dir.empty() && files::exists(checkpoint)) {
-      keep_best_checkpoint(dir, checkpoint, record);
-      log::info(log::str("best checkpoint: val ", describe_best(record),
-                         best ? " (was " + describe_best(*best) + ")" : std::string(), " -> ",
-                         best_checkpoint_path(dir)));
+    if (plan.rank == 0 && !dir.empty()) {
+      // After the checkpoint's write: on the writer's thread when it writes in the background.
+      auto link = [dir, checkpoint, record, previous = best] {
+        if (!files::exists(checkpoint)) return;
+        keep_best_checkpoint(dir, checkpoint, record);
+        log::info(log::str("best checkpoint: val ", describe_best(record),
+                           previous ? " (was " + describe_best(*previous) + ")" : std::string(), " -> ",
+                           best_checkpoint_path(dir)));
+      };
+      if (writer) {
+        writer->then(link);
+      } else {
+        link();
+      }
     }
     best = record;
   }
@@ -611,6 +623,10 @@ struct Trainer::Impl {
                                        step_start.second, " of the epoch)");
     std::string why_not;
     if (config.trainer.on_nonfinite == "rollback") {
+      // The newest checkpoint may still be on its way to the disk (checkpoint_async, rank 0): it
+      // is there before any rank looks.
+      if (writer) writer->wait();
+      if (group && plan.checkpoint_async) (void)group->reduce_int(0, dist::ReduceOp::Min);
       const std::string ckpt = checkpoint_dir().empty() ? "" : latest_checkpoint(checkpoint_dir());
       int64_t have = ckpt.empty() ? 0 : 1;
       if (group) have = group->reduce_int(have, dist::ReduceOp::Min);
@@ -730,8 +746,16 @@ struct Trainer::Impl {
     }
     if (skipped.defined() && skipped.size(0) > 0) state.tensors["trainer/skipped_samples"] = skipped;
     for (auto& [name, tensor] : scaler->state()) state.tensors[name] = tensor;
+    if (writer) {
+      writer->save(path, *model, optimizer.get(), state);  // logs the checkpoint once it is written
+      writer->then([dir = checkpoint_dir(), keep = config.checkpoint.keep_last, path] {
+        prune_checkpoints(dir, keep, path);
+      });
+      return;
+    }
     save_checkpoint(path, *model, optimizer.get(), state);
     prune_checkpoints(checkpoint_dir(), config.checkpoint.keep_last, path);
+    log::info("checkpoint " + path);
   }
 };
 
@@ -781,6 +805,7 @@ Trainer::Trainer(Config config, Plan plan, models::ModelPtr model, data::Dataset
     s.sync = std::make_unique<dist::GradSync>(*s.model, s.group, so);
   }
   s.has_buffers = !s.model->buffers().empty();
+  if (s.plan.checkpoint_async && s.plan.rank == 0 && !s.run_dir.empty()) s.writer = std::make_unique<AsyncCheckpointWriter>();
   s.optimizer = make_optimizer(s.config.optim, *s.model, s.plan.lr);
   GradScalerOptions scaling;
   scaling.enabled = s.plan.loss_scaling;  // disabled: scale/step/update are pass-throughs
@@ -1273,10 +1298,12 @@ FitResult Trainer::fit(const std::string& resume) {
       result.last_checkpoint = checkpoint_path(ckpt_dir, s.step);
       if (s.plan.rank == 0) {  // the replicas are identical; rank 0 writes for all
         s.write_checkpoint(result.last_checkpoint, skipped, loss_window);
-        log::info("checkpoint " + result.last_checkpoint);
       }
     }
     if (best_due) s.keep_best(result.val, result.last_checkpoint);
+    // The run ends after this step: its checkpoint (and best.pt) are on disk before any rank
+    // leaves, since a launcher may stop the ranks still running when one exits.
+    if (s.writer && (last || stopping)) s.writer->wait();
     // The others wait for rank 0's write here, not in their next collective, which would give up
     // after distributed.timeout_s (a large model on a slow disk takes longer).
     if (s.group && checkpoint_due) {
@@ -1319,6 +1346,7 @@ FitResult Trainer::fit(const std::string& resume) {
   result.scaler_skipped_steps = s.scaler_skipped;
   result.oom_recoveries = s.oom_recoveries;
   result.rollbacks = s.rollbacks;
+  if (s.writer) s.writer->wait();  // every checkpoint on disk, or its failure reported
   if (s.best) {
     result.best_metric = s.best->metric;
     result.best_value = s.best->value;

@@ -6,7 +6,9 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -29,6 +31,33 @@ constexpr int64_t kCheckpointFormat = 1;
 
 void save_checkpoint(const std::string& path, const torch::nn::Module& model,
                      const torch::optim::Optimizer* optimizer, const TrainState& state);
+
+// Writes checkpoints on a thread of its own, so that a training loop pays for a copy in memory and
+// not for the disk (a 1.3 GB BERT-base checkpoint with its AdamW state: 0.2 s to serialize, 4 to
+// 7 s to write and fsync on the 2-core test machine). save() serializes on the calling thread (the
+// state as it is now: the loop may change it as soon as save returns) into a buffer that stays
+// allocated for the next checkpoint, and returns; the write (the same bytes save_checkpoint writes,
+// as atomically, with the checksum) and the jobs queued after it with then() run on the writer's
+// thread, one at a time, in order. save() first waits for what is queued, so that one checkpoint
+// at most is in memory. A failure is rethrown, once, by the next save() or wait(); the destructor
+// waits and logs one not yet reported. Not thread-safe itself: one thread calls it.
+class AsyncCheckpointWriter {
+ public:
+  AsyncCheckpointWriter();
+  ~AsyncCheckpointWriter();
+  AsyncCheckpointWriter(const AsyncCheckpointWriter&) = delete;
+  AsyncCheckpointWriter& operator=(const AsyncCheckpointWriter&) = delete;
+
+  void save(const std::string& path, const torch::nn::Module& model, const torch::optim::Optimizer* optimizer,
+            const TrainState& state);
+  void then(std::function<void()> job);  // runs on the writer's thread after what is queued
+  void wait();                           // returns when the queue is empty; rethrows a failure
+  bool idle() const;                     // nothing queued or running
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 // Restores model (and optimizer when given) in place. The optimizer gets its state (momentum,
 // Adam moments, step counts) back but keeps the hyperparameters it was built with (weight decay,

@@ -77,6 +77,7 @@ struct Plan {
   int64_t prefetch = 2;
   bool pin_memory = false;
   bool uint8_batches = false;    // image_folder batches travel as uint8 and are normalised on the device
+  bool checkpoint_async = false; // checkpoints are written on a background thread (AsyncCheckpointWriter)
   int64_t model_params = 0;
   MemoryEvidence memory;
   std::vector<PlanDecision> decisions;
