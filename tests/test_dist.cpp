@@ -987,10 +987,14 @@ TEST_CASE("data.on_error skip on 2 ranks: a resumed run counts each rank's sampl
 TEST_CASE("checkpoint.best on 2 ranks: both rank the evaluations alike, rank 0 keeps best.pt, a resume shares best.json",
           "[dist][resume][checkpoint]") {
   register_test_models();
+  // Written in the loop, and by rank 0's background writer (which every rank's end waits for).
+  const std::string async = GENERATE(as<std::string>{}, "off", "on");
+  INFO("checkpoint.async " << async);
   const std::string dir = files::make_temp_directory("train_ddp_best_");
   const Config config = load_config(write_config(dir, "best", "distributed: {timeout_s: 60}\n"),
                                     {"trainer.max_steps=8", "trainer.eval_every_steps=2", "checkpoint.every_steps=8",
-                                     "checkpoint.keep_last=1", "checkpoint.best=loss", "tuning.micro_batch=8"});
+                                     "checkpoint.keep_last=1", "checkpoint.best=loss", "tuning.micro_batch=8",
+                                     "checkpoint.async=" + async});
   const std::string run_dir = files::join(dir, "run");
   auto fit_two = [&](const std::string& resume) {
     return fit_on_two_ranks(config, run_dir, resume, [](data::DatasetPtr train) { return train; }, /*with_val=*/true);
