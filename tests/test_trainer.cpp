@@ -949,6 +949,33 @@ TEST_CASE("AsyncCheckpointWriter: save_checkpoint's bytes, of the state at save(
   files::remove_all(dir);
 }
 
+TEST_CASE("cuda: a checkpoint of GPU tensors written in the background is the one written in the loop",
+          "[cuda][checkpoint]") {
+  TRAIN_SKIP_WITHOUT_CUDA("no CUDA device visible: checked by scripts/gpu-check on a GPU machine");
+  register_tiny_mlp();
+  const Config c = synthetic_config();
+  RunParts run = prepare_run(c);
+  run.model->to(torch::kCUDA);
+  OptimConfig adamw;
+  adamw.name = "adamw";
+  const auto optimizer = make_optimizer(adamw, *run.model, 0.01);
+  for (auto& p : run.model->parameters()) p.mutable_grad() = torch::ones_like(p);
+  optimizer->step();  // moments on the GPU
+  TrainState state;
+  state.step = 1;
+  const std::string dir = temp_dir("async_cuda");
+  const std::string sync = files::join(dir, "sync.pt"), async = files::join(dir, "async.pt");
+  save_checkpoint(sync, *run.model, optimizer.get(), state);
+  {
+    AsyncCheckpointWriter writer;
+    writer.save(async, *run.model, optimizer.get(), state);
+    optimizer->step();  // the next step's update does not reach the file being written
+    writer.wait();
+  }
+  CHECK(file_bytes(async) == file_bytes(sync));
+  files::remove_all(dir);
+}
+
 TEST_CASE("checkpoint.async: the files of a run written in the background are those written in the loop",
           "[trainer][checkpoint][resume]") {
   register_tiny_mlp();
