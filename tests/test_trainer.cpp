@@ -803,16 +803,27 @@ TEST_CASE("checkpoint.keep_last: the newest checkpoints stay with their .crc32c 
   CHECK(left_after(8, 2) == files_of({6, 8}));
 }
 
-TEST_CASE("checkpoint.best: best.pt is the step checkpoint of the best evaluation, outlives pruning and resumes on",
-          "[trainer][checkpoint][resume]") {
+namespace {
+
+// 12 steps with an evaluation after each and an LR large enough that the validation loss goes up
+// and down (best.pt moves), keeping best.pt by loss.
+Config best_by_loss(int64_t every_steps, int64_t keep_last) {
   register_tiny_mlp();
   Config c = synthetic_config();
   c.trainer.max_steps = 12;
   c.trainer.eval_every_steps = 1;
-  c.optim.lr = 2.0;  // large enough that the validation loss goes up and down
-  c.checkpoint.every_steps = 6;
-  c.checkpoint.keep_last = 1;
+  c.optim.lr = 2.0;
+  c.checkpoint.every_steps = every_steps;
+  c.checkpoint.keep_last = keep_last;
   c.checkpoint.best = "loss";
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint.best: best.pt is the step checkpoint of the best evaluation, outlives pruning and resumes on",
+          "[trainer][checkpoint][resume]") {
+  Config c = best_by_loss(6, 1);
   c.logging.tensorboard = false;
   // The logged validation rows: step -> loss.
   auto val_losses = [](const std::string& dir) {
@@ -978,14 +989,7 @@ TEST_CASE("cuda: a checkpoint of GPU tensors written in the background is the on
 
 TEST_CASE("checkpoint.async: the files of a run written in the background are those written in the loop",
           "[trainer][checkpoint][resume]") {
-  register_tiny_mlp();
-  Config c = synthetic_config();
-  c.trainer.max_steps = 12;
-  c.trainer.eval_every_steps = 1;
-  c.optim.lr = 2.0;  // the validation loss goes up and down: best.pt moves
-  c.checkpoint.every_steps = 3;
-  c.checkpoint.keep_last = 2;
-  c.checkpoint.best = "loss";
+  Config c = best_by_loss(3, 2);
   c.logging.tensorboard = false;
   std::map<std::string, std::vector<std::string>> names;  // mode -> the files left in checkpoints/
   const std::string base = temp_dir("async");
