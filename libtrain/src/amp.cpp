@@ -44,12 +44,16 @@ namespace detail {
 
 void non_finite_check_and_unscale(const std::vector<torch::Tensor>& grads, torch::Tensor& found_inf,
                                   const torch::Tensor& inv_scale) {
-  const float inv = inv_scale.item<float>();
+  if (grads.empty()) return;
+  // Nothing is read on the host: the finiteness flags and the products stay on the device (the
+  // kernel's own contract), so a GPU running this (bf16 gradients) is not waited for per gradient.
+  std::vector<torch::Tensor> finite;
+  finite.reserve(grads.size());
+  for (const auto& grad : grads) finite.push_back(grad.isfinite().all());
+  found_inf.masked_fill_(torch::stack(finite).logical_not().any(), 1.0);
   for (const auto& grad : grads) {
-    if (!grad.isfinite().all().item<bool>()) found_inf.fill_(1.0);
-    if (inv == 1.f) continue;  // the kernel leaves the values alone too
     // The kernel multiplies by the fp32 inv_scale in the grad's own precision for fp32 and fp64,
-    // and in fp32 with one rounding for fp16 and bf16.
+    // and in fp32 with one rounding for fp16 and bf16 (by 1.0: the same values, as the kernel's).
     const bool reduced = grad.scalar_type() == torch::kHalf || grad.scalar_type() == torch::kBFloat16;
     if (reduced) {
       grad.copy_(grad.to(torch::kFloat).mul_(inv_scale));
