@@ -6,6 +6,7 @@
 #include <map>
 
 #include "compat.h"
+#include "tensor_groups.h"
 #include "train/errors.h"
 #include "train/log.h"
 
@@ -367,20 +368,18 @@ double clip_grad_norm(torch::nn::Module& model, double max_norm) {
   // One list per (device, dtype): each goes to one multi-tensor norm and one multi-tensor scale,
   // a handful of kernels for the whole model where a loop launches two per parameter (on a GPU,
   // with the host sync of the norm between them, those launches are time the device sits idle).
-  std::map<std::pair<std::string, int>, std::vector<torch::Tensor>> groups;
-  for (const auto& p : model.parameters()) {
-    const auto& g = p.grad();
-    if (g.defined()) groups[{g.device().str(), static_cast<int>(g.scalar_type())}].push_back(g);
-  }
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : model.parameters()) grads.push_back(p.grad());
+  const auto groups = group_by_device_and_dtype(grads);
   if (groups.empty()) return 0.0;
   std::vector<torch::Tensor> norms;  // fp32 norms, one per gradient
-  for (const auto& [key, grads] : groups) {
-    const auto type = grads.front().scalar_type();
+  for (const auto& [key, group] : groups) {
+    const auto type = group.front().scalar_type();
     if (type == torch::kFloat || type == torch::kDouble) {
-      for (auto& n : at::_foreach_norm(grads, 2)) norms.push_back(n.to(torch::kFloat));
+      for (auto& n : at::_foreach_norm(group, 2)) norms.push_back(n.to(torch::kFloat));
     } else {
       // fp16/bf16 gradients: the norm in fp32 (an fp16 norm overflows above 65,504).
-      for (const auto& g : grads) norms.push_back(g.to(torch::kFloat).norm());
+      for (const auto& g : group) norms.push_back(g.to(torch::kFloat).norm());
     }
   }
   // Per-device partial norms meet on the first gradient's device for the one host read.
@@ -389,7 +388,7 @@ double clip_grad_norm(torch::nn::Module& model, double max_norm) {
   const double total = torch::stack(norms).norm().item<double>();
   if (max_norm > 0 && total > max_norm) {
     const double scale = max_norm / (total + 1e-6);
-    for (auto& [key, grads] : groups) at::_foreach_mul_(grads, scale);
+    for (const auto& [key, group] : groups) at::_foreach_mul_(group, scale);
   }
   return total;
 }

@@ -6,7 +6,6 @@
 #include <atomic>
 #include <chrono>
 #include <limits>
-#include <map>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -32,6 +31,7 @@
 #include "train/metrics.h"
 #include "train/optim.h"
 #include "train/probe.h"
+#include "tensor_groups.h"
 
 namespace train {
 namespace {
@@ -166,12 +166,8 @@ class BufferSnapshot {
  public:
   void take(torch::nn::Module& model) {
     torch::NoGradGuard no_grad;
-    std::map<std::pair<std::string, int>, std::vector<torch::Tensor>> groups;
-    for (const auto& b : model.buffers()) {
-      if (b.defined()) groups[{b.device().str(), static_cast<int>(b.scalar_type())}].push_back(b);
-    }
     groups_.clear();
-    for (auto& [key, buffers] : groups) {
+    for (auto& [key, buffers] : group_by_device_and_dtype(model.buffers())) {
       std::vector<torch::Tensor> flat;
       flat.reserve(buffers.size());
       for (const auto& b : buffers) flat.push_back(b.reshape({-1}));
