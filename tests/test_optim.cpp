@@ -187,6 +187,97 @@ TEST_CASE("cuda: SGD and AdamW foreach and fused match torch::optim on the GPU, 
   }
 }
 
+namespace {
+
+// The fused SGD of a captured CUDA graph's step (train::detail::set_device_step_controls): the LR from a
+// device tensor, the update skipped on the device, against the same SGD with the LR on the host.
+void check_device_step_controls(const torch::Device& device) {
+  OptimConfig config;
+  config.name = "sgd";
+  config.momentum = 0.9;
+  config.weight_decay = 0.05;
+  config.impl = "fused";
+  Net reference, net;
+  reference.to(device);
+  net.to(device);
+  const auto host = make_optimizer(config, reference, 0.1);
+  const auto controlled = make_optimizer(config, net, 0.1);
+  const auto f32 = torch::TensorOptions().device(device).dtype(torch::kFloat);
+  auto lr = torch::zeros({}, f32);
+  auto skip = torch::zeros({}, f32);
+  REQUIRE(train::detail::set_device_step_controls(*controlled, lr, skip));
+  auto grads_for = [](int step, Net& n) {
+    torch::manual_seed(1000 + step);
+    for (auto& p : n.parameters()) p.mutable_grad() = torch::randn_like(p);
+  };
+  for (int step = 0; step < 4; ++step) {  // the first step fills the momentum buffers
+    const double rate = 0.25 / (1 + step);  // exact in float: the two sides get the same LR
+    grads_for(step, reference);
+    set_learning_rate(*host, rate);
+    host->step();
+    grads_for(step, net);
+    lr.fill_(rate);
+    set_learning_rate(*controlled, 100.0);  // not what the step reads
+    controlled->step();
+    check_same_parameters(reference, net);
+  }
+  // A skipped step changes neither the parameters nor the momentum.
+  std::vector<torch::Tensor> before;
+  for (const auto& p : net.parameters()) before.push_back(p.detach().clone());
+  const std::string state_before = save(*controlled);
+  grads_for(9, net);
+  skip.fill_(1.0);
+  lr.fill_(0.5);
+  controlled->step();
+  const auto after = net.parameters();
+  for (size_t i = 0; i < before.size(); ++i) CHECK(torch::equal(before[i], after[i]));
+  CHECK(save(*controlled) == state_before);
+  // Released: the host-side LR again.
+  REQUIRE(train::detail::set_device_step_controls(*controlled, torch::Tensor(), torch::Tensor()));
+  grads_for(4, reference);
+  set_learning_rate(*host, 0.125);
+  host->step();
+  grads_for(4, net);
+  set_learning_rate(*controlled, 0.125);
+  controlled->step();
+  check_same_parameters(reference, net);
+}
+
+}  // namespace
+
+TEST_CASE("optim: fused SGD takes its LR from a tensor and skips on the device as a captured step needs",
+          "[optim]") {
+  Net net;
+  OptimConfig config;
+  config.name = "sgd";
+  config.impl = "foreach";
+  const auto foreach_sgd = make_optimizer(config, net, 0.1);
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat);
+  CHECK_FALSE(train::detail::set_device_step_controls(*foreach_sgd, torch::zeros({}, f32), torch::zeros({}, f32)));
+  config.name = "adamw";
+  const auto adamw = make_optimizer(config, net, 0.1);
+  CHECK_FALSE(train::detail::set_device_step_controls(*adamw, torch::zeros({}, f32), torch::zeros({}, f32)));
+  if (!kCpuFused) {
+    SUCCEED("LibTorch " TORCH_VERSION " has no CPU _fused_sgd_; the GPU twin of this test covers it");
+    return;
+  }
+  config.name = "sgd";
+  config.impl = "fused";
+  const auto fused = make_optimizer(config, net, 0.1);
+  CHECK_THROWS_AS(train::detail::set_device_step_controls(*fused, torch::zeros({1}, f32), torch::zeros({}, f32)),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(train::detail::set_device_step_controls(*fused, torch::zeros({}, torch::kDouble), torch::zeros({}, f32)),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(train::detail::set_device_step_controls(*fused, torch::zeros({}, f32), torch::Tensor()),
+                  std::invalid_argument);
+  check_device_step_controls(torch::kCPU);
+}
+
+TEST_CASE("cuda: fused SGD with its LR and skip flag on the GPU matches the host-side LR", "[cuda][optim]") {
+  TRAIN_SKIP_WITHOUT_CUDA("no CUDA device visible: checked by scripts/gpu-check on a GPU machine");
+  check_device_step_controls(torch::Device("cuda:0"));
+}
+
 TEST_CASE("clip_grad_norm: global L2 norm, scaled down only above the limit", "[optim]") {
   torch::nn::Linear linear(2, 1);
   linear->weight.mutable_grad() = torch::tensor({{3.0, 0.0}});

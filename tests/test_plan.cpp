@@ -7,6 +7,8 @@
 #include <train/optim.h>
 #include <train/plan.h>
 
+#include <torch/version.h>
+
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -14,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -681,4 +684,82 @@ TEST_CASE("plan: host_malloc says what the process's heap does with freed memory
   CHECK(p.host_malloc_kept == state.tuned);
   CHECK_THAT(p.to_text(), Catch::Contains("host_malloc") && Catch::Contains(state.reason));
   CHECK_THAT(p.to_json(), Catch::Contains(std::string("\"host_malloc_kept\":") + (state.tuned ? "true" : "false")));
+}
+
+TEST_CASE("plan: cuda_graphs only where a captured step can replay and the reason says why", "[plan]") {
+  auto decision = [](const Plan& p) {
+    for (const auto& d : p.decisions) {
+      if (d.name == "cuda_graphs") return d;
+    }
+    FAIL("no cuda_graphs decision");
+    return PlanDecision{};
+  };
+  Config c = base_config(256);
+  c.optim.name = "sgd";
+  c.tuning.micro_batch = 256;
+  PlanInputs in;
+  in.capturable = true;
+  in.convolutional = true;
+  const bool fused_sgd = TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3);
+  if (!fused_sgd) {
+    const Plan p = make_plan(c, gpu_profile(8), in);
+    CHECK_FALSE(p.cuda_graphs);
+    CHECK_THAT(decision(p).reason, Catch::Contains("no fused SGD kernel"));
+    return;
+  }
+  SECTION("a capturable model with fused SGD on one GPU: on, and the plan says it is measured") {
+    const Plan p = make_plan(c, gpu_profile(8), in);
+    CHECK(p.cuda_graphs);
+    CHECK(decision(p).value == "on");
+    CHECK_THAT(decision(p).reason, Catch::Contains("kept only if a replay measures faster"));
+    CHECK_THAT(p.to_json(), Catch::Contains("\"cuda_graphs\":true"));
+    c.tuning.cuda_graphs = "on";
+    CHECK_THAT(decision(make_plan(c, gpu_profile(8), in)).reason, Catch::Contains("kept (tuning.cuda_graphs on)"));
+  }
+  SECTION("the same config on a CPU: off, without a warning") {
+    c.tuning.cuda_graphs = "on";
+    const Plan p = make_plan(c, cpu_profile(), in);
+    CHECK_FALSE(p.cuda_graphs);
+    CHECK(decision(p).reason == "CPU run");
+    CHECK(decision(p).warnings.empty());
+  }
+  SECTION("each blocker turns it off and is named; with tuning.cuda_graphs on as a warning") {
+    struct Case {
+      const char* what;
+      std::function<void(Config&, PlanInputs&)> change;
+      const char* reason;
+    };
+    const std::vector<Case> cases = {
+        {"off", [](Config& k, PlanInputs&) { k.tuning.cuda_graphs = "off"; }, "tuning.cuda_graphs"},
+        {"two ranks", [](Config& k, PlanInputs& i) { i.world_size = 2; k.tuning.micro_batch = 128; }, "data-parallel"},
+        {"accumulation", [](Config& k, PlanInputs&) { k.tuning.micro_batch = 64; }, "gradient accumulation (4 micro-batches"},
+        {"varying shapes", [](Config&, PlanInputs& i) { i.static_shapes = false; }, "input shapes vary"},
+        {"a model that may sync", [](Config&, PlanInputs& i) { i.capturable = false; }, "Model::capturable"},
+        {"adamw", [](Config& k, PlanInputs&) { k.optim.name = "adamw"; }, "adamw counts its steps on the host"},
+        {"foreach", [](Config& k, PlanInputs&) { k.optim.impl = "foreach"; }, "optim.impl foreach"},
+        {"clipping", [](Config& k, PlanInputs&) { k.optim.clip_grad_norm = 1.0; }, "optim.clip_grad_norm"},
+        {"fp16 loss scaling", [](Config& k, PlanInputs&) { k.precision.mode = "fp16"; }, "fp16 loss scaling"},
+    };
+    for (const auto& test : cases) {
+      for (const std::string mode : {"auto", "on"}) {
+        INFO(test.what << ", tuning.cuda_graphs " << mode);
+        Config k = c;
+        PlanInputs i = in;
+        k.tuning.cuda_graphs = mode;
+        test.change(k, i);
+        const Plan p = make_plan(k, gpu_profile(8), i);
+        CHECK_FALSE(p.cuda_graphs);
+        CHECK(decision(p).value == "off");
+        CHECK_THAT(decision(p).reason, Catch::Contains(test.reason));
+        const bool warned = k.tuning.cuda_graphs == "on";
+        REQUIRE(decision(p).warnings.size() == (warned ? 1u : 0u));
+        if (warned) CHECK_THAT(decision(p).warnings[0], Catch::Contains("cannot be captured: " + decision(p).reason));
+      }
+    }
+  }
+  SECTION("a T4 (compute capability 7.5) plans fp16 with loss scaling: off") {
+    const Plan p = make_plan(c, gpu_profile(7), in);
+    CHECK(p.loss_scaling);
+    CHECK_FALSE(p.cuda_graphs);
+  }
 }

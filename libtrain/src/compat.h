@@ -176,6 +176,15 @@ inline void fused_sgd(at::TensorList params, at::TensorList grads, at::TensorLis
   at::_fused_sgd_(params, grads, momentum_buffers, weight_decay, momentum, lr, dampening, nesterov,
                   /*maximize=*/false, is_first_step);
 }
+// The same with the learning rate read from `lr` (a 0-dim float tensor on the parameters' device)
+// and the whole update skipped where `skip` (0-dim float) holds 1: what a captured CUDA graph
+// needs, since it replays the values it captured but reads tensors afresh.
+inline void fused_sgd(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
+                      double weight_decay, double momentum, const at::Tensor& lr, double dampening,
+                      bool nesterov, bool is_first_step, const at::Tensor& skip) {
+  at::_fused_sgd_(params, grads, momentum_buffers, weight_decay, momentum, lr, dampening, nesterov,
+                  /*maximize=*/false, is_first_step, /*grad_scale=*/c10::optional<at::Tensor>(), c10::optional<at::Tensor>(skip));
+}
 #else
 template <typename... Args>
 void fused_sgd(const Args&...) {

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <map>
+#include <stdexcept>
 
 #include "compat.h"
 #include "tensor_groups.h"
@@ -81,6 +82,12 @@ class MultiTensorSGD final : public MultiTensorOptimizer {
   MultiTensorSGD(const std::vector<OptimizerParamGroup>& groups, const SGDOptions& defaults, bool fused)
       : MultiTensorOptimizer(groups, std::make_unique<SGDOptions>(defaults), fused) {}
 
+  // See detail::set_device_step_controls.
+  void set_device_controls(torch::Tensor lr, torch::Tensor skip) {
+    device_lr_ = std::move(lr);
+    device_skip_ = std::move(skip);
+  }
+
   void save(torch::serialize::OutputArchive& archive) const override {
     torch::optim::serialize<SGDParamState, SGDOptions>(archive, *this);
   }
@@ -130,8 +137,13 @@ class MultiTensorSGD final : public MultiTensorOptimizer {
   void fused_step(const SGDOptions& options, const TensorVector& params, const TensorVector& grads) {
     const auto run = [&](const TensorVector& p, const TensorVector& g, const TensorVector& buffers, bool first) {
       if (p.empty()) return;
-      compat::fused_sgd(p, g, buffers, options.weight_decay(), options.momentum(), options.lr(), options.dampening(),
-                        options.nesterov(), first);
+      if (device_lr_.defined()) {
+        compat::fused_sgd(p, g, buffers, options.weight_decay(), options.momentum(), device_lr_, options.dampening(),
+                          options.nesterov(), first, device_skip_);
+      } else {
+        compat::fused_sgd(p, g, buffers, options.weight_decay(), options.momentum(), options.lr(),
+                          options.dampening(), options.nesterov(), first);
+      }
     };
     if (options.momentum() == 0) {
       run(params, grads, {}, false);
@@ -154,6 +166,9 @@ class MultiTensorSGD final : public MultiTensorOptimizer {
     run(running_params, running_grads, running_buffers, false);
     run(new_params, new_grads, new_buffers, true);
   }
+
+  torch::Tensor device_lr_;    // defined: the fused kernel reads the LR from it (options.lr() is not used)
+  torch::Tensor device_skip_;  // with device_lr_: 1.0 skips the whole update
 };
 
 // torch::optim::AdamW's update: p *= 1 - lr * weight_decay; m = beta1 * m + (1 - beta1) * g;
@@ -335,6 +350,25 @@ void place_state_like_params(torch::optim::Optimizer& optimizer) {
     }
   }
 }
+
+namespace detail {
+
+bool set_device_step_controls(torch::optim::Optimizer& optimizer, const torch::Tensor& lr, const torch::Tensor& skip) {
+  auto* sgd = dynamic_cast<MultiTensorSGD*>(&optimizer);
+  if (!sgd || !sgd->fused()) return false;
+  if (lr.defined() != skip.defined()) {
+    throw std::invalid_argument("set_device_step_controls: give both the LR and the skip tensor, or neither");
+  }
+  for (const auto* t : {&lr, &skip}) {
+    if (t->defined() && (t->dim() != 0 || t->scalar_type() != torch::kFloat)) {
+      throw std::invalid_argument("set_device_step_controls: the LR and skip tensors are 0-dim float32");
+    }
+  }
+  sgd->set_device_controls(lr, skip);
+  return true;
+}
+
+}  // namespace detail
 
 void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {
   for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);

@@ -7,6 +7,7 @@
 #include <sstream>
 #include <utility>
 
+#include "compat.h"
 #include "train/errors.h"
 #include "train/host_memory.h"
 #include "train/log.h"
@@ -372,6 +373,51 @@ Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInpu
                : std::string("NCHW: the model's convolution widths are not known"));
   }
 
+  // ---- CUDA graphs ----
+  // Replaying a captured step costs the CPU one launch instead of one per kernel: the win of
+  // small steps, whose GPU otherwise idles while the CPU launches. A graph replays the same
+  // kernels on the same memory, so everything in the step must be on the GPU and static.
+  {
+    const std::string& mode = config.tuning.cuda_graphs;
+    std::string blocker;
+    if (mode == "off") {
+      blocker = "tuning.cuda_graphs";
+    } else if (!device.is_cuda()) {
+      blocker = "CPU run";
+    } else if (inputs.world_size > 1) {
+      blocker = "data-parallel: the gradient allreduce runs outside the step a graph could capture";
+    } else if (plan.accum_steps > 1) {
+      blocker = log::str("gradient accumulation (", plan.accum_steps, " micro-batches a step)");
+    } else if (!inputs.static_shapes) {
+      blocker = "input shapes vary from batch to batch; a graph replays one shape";
+    } else if (!inputs.capturable) {
+      blocker = "the model's forward may wait for the GPU or change shape with the data (Model::capturable)";
+    } else if (config.optim.name != "sgd") {
+      blocker = config.optim.name + " counts its steps on the host; graphs capture the fused SGD step only";
+    } else if (config.optim.impl != "auto" && config.optim.impl != "fused") {
+      blocker = "optim.impl " + config.optim.impl + "; the captured step needs the fused SGD kernel";
+    } else if (!compat::has_fused_sgd(c10::DeviceType::CUDA)) {
+      blocker = "this LibTorch has no fused SGD kernel with a learning rate on the GPU (2.3 or later)";
+    } else if (config.optim.clip_grad_norm > 0) {
+      blocker = "optim.clip_grad_norm reads the gradient norm on the host every step";
+    } else if (plan.loss_scaling) {
+      blocker = "fp16 loss scaling decides on the host whether each step is applied";
+    }
+    plan.cuda_graphs = blocker.empty();
+    std::vector<std::string> warnings;
+    if (mode == "on" && !plan.cuda_graphs && device.is_cuda()) {
+      warnings.push_back("tuning.cuda_graphs is on, but the step cannot be captured: " + blocker);
+    }
+    decide("cuda_graphs", plan.cuda_graphs ? "on" : "off",
+           plan.cuda_graphs
+               ? std::string("one process, static shapes, a capturable model and fused SGD: the step is captured "
+                             "after a few eager steps and replayed") +
+                     (mode == "on" ? "; kept (tuning.cuda_graphs on)"
+                                   : "; kept only if a replay measures faster than an eager step")
+               : blocker,
+           std::move(warnings));
+  }
+
   // ---- CPU threads ----
   const int64_t sharing = std::max<int64_t>(1, inputs.local_world_size);
   plan.threads = config.trainer.threads > 0 ? config.trainer.threads : std::max<int64_t>(1, device.cpu_cores / sharing);
@@ -609,6 +655,7 @@ std::string Plan::to_json() const {
       .add("pin_memory", pin_memory)
       .add("uint8_batches", uint8_batches)
       .add("checkpoint_async", checkpoint_async)
+      .add("cuda_graphs", cuda_graphs)
       .add("model_params", model_params)
       .add("memory_fixed_bytes", memory.fixed_bytes)
       .add("memory_per_sample_bytes", memory.per_sample_bytes)

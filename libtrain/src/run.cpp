@@ -570,6 +570,7 @@ RunParts prepare_run_unlocated(const Config& config, const RunOptions& options) 
   inputs.convolutional = r.model->is_convolutional();
   inputs.narrowest_conv = narrowest_convolution(*r.model);
   inputs.static_shapes = !r.train || r.train->static_shapes();
+  inputs.capturable = r.model->capturable();
   if (!inputs.static_shapes) inputs.varying_shapes = r.train->describe();
   // Precision and layout decide what the probe measures; the probe then bounds the micro-batch.
   const Plan draft = make_plan(config, r.device, inputs);

@@ -31,6 +31,7 @@
 #include "train/metrics.h"
 #include "train/optim.h"
 #include "train/probe.h"
+#include "step_graph.h"
 #include "tensor_groups.h"
 
 namespace train {
@@ -216,6 +217,11 @@ struct Trainer::Impl {
   dist::GroupPtr group;                 // null for a single process
   std::unique_ptr<dist::GradSync> sync;  // data-parallel gradient averaging (group of > 1 rank)
   bool has_buffers = false;
+  // plan.cuda_graphs: the step captured in a CUDA graph, and the device tensors its fused SGD
+  // reads the learning rate and the skip flag (a non-finite loss) from.
+  std::unique_ptr<detail::StepGraph> graph;
+  torch::Tensor step_lr, step_skip;
+  int64_t graph_replays = 0;  // of graphs already released
   BufferSnapshot step_buffers;  // with tuning.oom_recovery: the buffers at the start of the step
   OomListener on_oom;
   // on_nonfinite rollback: steps whose batches gave a non-finite loss, as (epoch, first sample of
@@ -401,6 +407,49 @@ struct Trainer::Impl {
     loader->start({consumed().epoch + 1, 0});
     return true;
   }
+  // Whether this step runs through the CUDA graph. A graph that went off (a failed capture, no
+  // gain, accumulation after an out-of-memory error) is released here, and the optimizer goes
+  // back to its host-side learning rate.
+  bool graph_step() {
+    if (!graph) return false;
+    if (graph->active() && plan.accum_steps > 1) {
+      graph->stop(log::str("micro-batch ", plan.micro_batch, " x ", plan.accum_steps, " accumulation steps"));
+    }
+    if (graph->active()) return true;
+    detail::set_device_step_controls(*optimizer, torch::Tensor(), torch::Tensor());
+    log::info("cuda_graphs: " + graph->summary());
+    graph_replays += graph->replays();
+    graph.reset();
+    step_lr = step_skip = torch::Tensor();
+    return false;
+  }
+
+  // One whole step for the graph: gradients dropped (inside the capture, the backward pass then
+  // allocates them from the graph's pool, where every replay rewrites them), forward, backward and
+  // the fused SGD step, which reads the LR from step_lr and skips its update when the loss is not
+  // finite, all on the device.
+  torch::Tensor graph_step_compute(const torch::Tensor& input, const torch::Tensor& target) {
+    drop_gradients();
+    torch::Tensor loss;
+    {
+      AutocastScope amp(device.type(), autocast_dtype(), autocast());
+      loss = loss_fn(model->forward(input), target, config.loss.label_smoothing);
+    }
+    loss.backward();
+    {
+      torch::NoGradGuard no_grad;
+      step_skip.copy_(loss.detach().isfinite().logical_not());
+    }
+    try {
+      optimizer->step();
+    } catch (const c10::Error& e) {
+      // Not the step's out-of-memory recovery: the weights may be half updated.
+      if (is_out_of_memory(e)) throw Error(optimizer_out_of_memory(first_line(e.what_without_backtrace())));
+      throw;
+    }
+    return loss.detach();
+  }
+
   void drop_gradients() {
     for (auto& p : model->parameters()) {
       if (p.grad().defined()) p.mutable_grad() = torch::Tensor();
@@ -803,6 +852,18 @@ Trainer::Trainer(Config config, Plan plan, models::ModelPtr model, data::Dataset
   s.has_buffers = !s.model->buffers().empty();
   if (s.plan.checkpoint_async && s.plan.rank == 0 && !s.run_dir.empty()) s.writer = std::make_unique<AsyncCheckpointWriter>();
   s.optimizer = make_optimizer(s.config.optim, *s.model, s.plan.lr);
+  if (s.plan.cuda_graphs && s.device.is_cuda() && !s.sync) {
+    const auto f32 = torch::TensorOptions().device(s.device).dtype(torch::kFloat);
+    s.step_lr = torch::full({}, s.plan.lr, f32);
+    s.step_skip = torch::zeros({}, f32);
+    if (detail::set_device_step_controls(*s.optimizer, s.step_lr, s.step_skip)) {
+      s.graph = std::make_unique<detail::StepGraph>(s.device, s.config.tuning.cuda_graphs != "on");
+    } else {
+      log::warn("cuda_graphs: the optimizer (" + optimizer_impl(*s.optimizer) +
+                ") cannot take its learning rate from the GPU; no graph");
+      s.step_lr = s.step_skip = torch::Tensor();
+    }
+  }
   GradScalerOptions scaling;
   scaling.enabled = s.plan.loss_scaling;  // disabled: scale/step/update are pass-throughs
   s.scaler = std::make_unique<GradScaler>(scaling);
@@ -1052,10 +1113,15 @@ FitResult Trainer::fit(const std::string& resume) {
     s.skip_bad_steps();
     const auto t0 = Clock::now();
     const auto step_start = s.sample_position();
-    s.optimizer->zero_grad();
+    const bool graphed = s.graph_step();
+    if (!graphed) s.optimizer->zero_grad();
     // Like PyTorch's DDP: rank 0's BatchNorm statistics go to every rank before the forward.
     if (s.sync && s.has_buffers && s.config.distributed.broadcast_buffers) s.sync->broadcast_buffers();
-    if (s.has_buffers && s.config.tuning.oom_recovery) s.step_buffers.take(*s.model);
+    // (A replay allocates nothing, so it cannot run out of memory.)
+    if (s.has_buffers && s.config.tuning.oom_recovery && !(graphed && s.graph->replaying())) {
+      s.step_buffers.take(*s.model);
+    }
+    const double lr = schedule.at(s.step);
     // The micro-batch losses stay on the device until the one read after the step (that read is
     // the step's only host sync besides the optimizer's own).
     std::vector<torch::Tensor> micro_losses;  // micro-batch means, or sums for token targets
@@ -1064,7 +1130,14 @@ FitResult Trainer::fit(const std::string& resume) {
     double divisor = 0;  // token targets: what every micro-batch's loss sum is divided by
     std::string oom;  // what ran out of memory in this step, on this rank
     try {
-      for (int64_t micro = 0; micro < s.plan.accum_steps; ++micro) {
+      if (graphed) {
+        const data::Batch batch = s.next_batch(s.step + 1 == s.plan.total_steps);
+        s.step_lr.fill_(lr);
+        micro_losses.push_back(s.graph->run(batch.input, batch.target, [&s](const torch::Tensor& in, const torch::Tensor& t) {
+          return s.graph_step_compute(in, t);
+        }));
+      }
+      for (int64_t micro = 0; !graphed && micro < s.plan.accum_steps; ++micro) {
         // Only the last micro-step of an accumulation communicates (no_sync for the others).
         if (s.sync) s.sync->prepare(micro + 1 == s.plan.accum_steps);
         const data::Batch batch = s.next_batch(s.step + 1 == s.plan.total_steps && micro + 1 == s.plan.accum_steps);
@@ -1168,7 +1241,9 @@ FitResult Trainer::fit(const std::string& resume) {
       continue;
     }
     if (any_nonfinite) {
+      // (With a graph the fused SGD step already skipped its update on the device.)
       s.handle_nonfinite(step_loss, step_start);  // returns only when it rolled back
+      if (s.graph) s.graph->invalidate("rolled back to a checkpoint");  // new optimizer state tensors
       restart_window();
       continue;
     }
@@ -1178,26 +1253,29 @@ FitResult Trainer::fit(const std::string& resume) {
       const double ranks = s.group ? static_cast<double>(s.group->size()) : 1.0;
       token_loss_rescale(*s.model, divisor * ranks / static_cast<double>(global_targets));
     }
-    const double lr = schedule.at(s.step);
-    try {
-      if (s.config.optim.clip_grad_norm > 0) {
-        s.scaler->unscale(*s.optimizer);  // clip the true gradients, not the scaled ones
-        const double norm = clip_grad_norm(*s.model, s.config.optim.clip_grad_norm);
-        // The gradients are the same on every rank, so every rank sees the same norm.
-        if (!s.plan.loss_scaling && !std::isfinite(norm)) {
-          s.handle_nonfinite(step_loss, step_start);
-          restart_window();
-          continue;
+    if (graphed) {
+      set_learning_rate(*s.optimizer, lr);  // what checkpoints record: the step ran in the graph's step
+    } else {
+      try {
+        if (s.config.optim.clip_grad_norm > 0) {
+          s.scaler->unscale(*s.optimizer);  // clip the true gradients, not the scaled ones
+          const double norm = clip_grad_norm(*s.model, s.config.optim.clip_grad_norm);
+          // The gradients are the same on every rank, so every rank sees the same norm.
+          if (!s.plan.loss_scaling && !std::isfinite(norm)) {
+            s.handle_nonfinite(step_loss, step_start);
+            restart_window();
+            continue;
+          }
         }
+        set_learning_rate(*s.optimizer, lr);
+        // Skips the step when a gradient is inf/NaN (loss scaling only); the schedule and the step
+        // count go on, as with torch.amp.GradScaler.
+        if (!s.scaler->step(*s.optimizer)) ++s.scaler_skipped;
+        s.scaler->update();
+      } catch (const c10::Error& e) {
+        if (!is_out_of_memory(e)) throw;
+        throw Error(s.optimizer_out_of_memory(first_line(e.what_without_backtrace())));
       }
-      set_learning_rate(*s.optimizer, lr);
-      // Skips the step when a gradient is inf/NaN (loss scaling only); the schedule and the step
-      // count go on, as with torch.amp.GradScaler.
-      if (!s.scaler->step(*s.optimizer)) ++s.scaler_skipped;
-      s.scaler->update();
-    } catch (const c10::Error& e) {
-      if (!is_out_of_memory(e)) throw;
-      throw Error(s.optimizer_out_of_memory(first_line(e.what_without_backtrace())));
     }
     ++s.step;
     s.samples_seen += s.plan.global_batch;
@@ -1340,6 +1418,8 @@ FitResult Trainer::fit(const std::string& resume) {
     }
   }
   result.scaler_skipped_steps = s.scaler_skipped;
+  result.graph_replays = s.graph_replays + (s.graph ? s.graph->replays() : 0);
+  if (s.graph) log::info("cuda_graphs: " + s.graph->summary());
   result.oom_recoveries = s.oom_recoveries;
   result.rollbacks = s.rollbacks;
   if (s.writer) s.writer->wait();  // every checkpoint on disk, or its failure reported

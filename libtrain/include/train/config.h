@@ -162,6 +162,7 @@ struct TuningConfig {
   bool probe = true;             // measure memory and throughput to choose the micro-batch on a GPU
   double memory_fraction = 0.9;  // share of the device's free memory the plan may use
   bool oom_recovery = true;      // out of memory in a step: halve the micro-batch, double accumulation, redo it
+  std::string cuda_graphs = "auto";  // auto | on | off: capture the training step in a CUDA graph and replay it
   std::string cache_dir;         // plan cache; "" = $XDG_CACHE_HOME/train/plans or ~/.cache/train/plans
 };
 

@@ -36,6 +36,18 @@ void place_state_like_params(torch::optim::Optimizer& optimizer);
 
 void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);
 
+namespace detail {
+
+// For a step captured in a CUDA graph (the trainer's tuning.cuda_graphs): makes a fused SGD from
+// make_optimizer read its learning rate from `lr` and skip its whole update (parameters and
+// momentum) where `skip` holds 1, both 0-dim float32 tensors on the parameters' device that the
+// caller fills before each step; set_learning_rate then no longer changes what the step uses.
+// Undefined tensors go back to the host-side LR. Returns false, changing nothing, for any other
+// optimizer; std::invalid_argument for tensors of another shape or dtype.
+bool set_device_step_controls(torch::optim::Optimizer& optimizer, const torch::Tensor& lr, const torch::Tensor& skip);
+
+}  // namespace detail
+
 // Linear warmup over W steps (step k < W gets peak x (k + 1) / W: the first step already moves,
 // the last warmup step reaches the peak), then constant, cosine (to min_lr_ratio x peak) or step
 // decay (x gamma at each milestone, given as fractions of the total steps). Pure function of

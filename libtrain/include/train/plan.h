@@ -78,6 +78,9 @@ struct Plan {
   bool pin_memory = false;
   bool uint8_batches = false;    // image_folder batches travel as uint8 and are normalised on the device
   bool checkpoint_async = false; // checkpoints are written on a background thread (AsyncCheckpointWriter)
+  // The training step is captured in a CUDA graph after a few eager steps and replayed; with
+  // tuning.cuda_graphs auto the trainer keeps the graph only if a replay is measured faster.
+  bool cuda_graphs = false;
   int64_t model_params = 0;
   MemoryEvidence memory;
   std::vector<PlanDecision> decisions;
@@ -95,6 +98,7 @@ struct PlanInputs {
   int64_t narrowest_conv = 0;    // the fewest output channels of a 2-D convolution (0: none known)
   bool static_shapes = true;     // every batch has the same input shape (data::Dataset::static_shapes)
   std::string varying_shapes;    // when not: the data whose shapes vary, for the reason
+  bool capturable = false;       // models::Model::capturable: a step through it can be captured in a CUDA graph
   MemoryEvidence memory;
 };
 

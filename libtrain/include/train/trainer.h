@@ -44,6 +44,7 @@ struct FitResult {
   int64_t oom_recoveries = 0;    // steps redone with a halved micro-batch after running out of memory
   int64_t scaler_skipped_steps = 0;  // loss scaling: steps of this call skipped for inf/NaN gradients
   int64_t rollbacks = 0;         // trainer.on_nonfinite rollback: reloads of the newest checkpoint
+  int64_t graph_replays = 0;     // tuning.cuda_graphs: steps run by replaying the captured CUDA graph
   // checkpoint.best: the best evaluation the run directory has seen (this call's or an earlier
   // attempt's), its metric, value and step; best_checkpoint is its file (rank 0; "" without one).
   std::string best_metric;

@@ -55,6 +55,7 @@ class Mlp final : public Model {
         fc2_(register_module("fc2", torch::nn::Linear(512, 512))),
         fc3_(register_module("fc3", torch::nn::Linear(512, config.num_classes))) {}
 
+  bool capturable() const override { return true; }
   torch::Tensor forward(const torch::Tensor& input) override {
     check_input(input, channels_, "mlp");
     auto x = torch::relu(fc1_(input.flatten(1)));
@@ -85,6 +86,7 @@ class LeNet final : public Model {
         fc2_(register_module("fc2", torch::nn::Linear(120, 84))),
         fc3_(register_module("fc3", torch::nn::Linear(84, config.num_classes))) {}
 
+  bool capturable() const override { return true; }
   torch::Tensor forward(const torch::Tensor& input) override {
     check_input(input, channels_, "lenet");
     auto x = torch::max_pool2d(torch::relu(conv1_(input)), 2);  // 6 x 14 x 14

@@ -28,6 +28,11 @@ class Model : public torch::nn::Module {
   virtual bool has_batch_stats() const { return false; }
   // True for conv nets (channels_last and cudnn choices).
   virtual bool is_convolutional() const { return false; }
+  // True when a training step through forward() can be captured in a CUDA graph: the forward never
+  // waits for the GPU (no .item(), no nonzero(), no data-dependent shapes or branches) and runs the
+  // same kernels on every batch of one shape (tuning.cuda_graphs). False by default: a capture of a
+  // model that does wait fails and the run continues without a graph, but only after the warm-up.
+  virtual bool capturable() const { return false; }
   // A random input batch of `shape` ([batch, input_shape...]) for the plan's probe: standard
   // normal floats by default; token models return valid ids.
   virtual torch::Tensor random_input(const std::vector<int64_t>& shape, const torch::TensorOptions& options) const;

@@ -48,6 +48,7 @@ class ResNet : public Model {
   torch::Tensor forward(const torch::Tensor& input) override;
   bool has_batch_stats() const override { return true; }
   bool is_convolutional() const override { return true; }
+  bool capturable() const override { return true; }
   // Images [channels, H, W] of any size.
   std::string input_problem(const std::vector<int64_t>& sample_shape, int64_t vocab_size) const override;
   // The head is fc: torchvision's ImageNet weights start a model with another class count.
