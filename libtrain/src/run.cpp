@@ -4,8 +4,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdlib>
+#include <fstream>
 #include <limits>
+#include <sstream>
+#include <string>
 
 #include "compat.h"
 #include "train/checkpoint.h"
@@ -474,6 +480,28 @@ models::ModelPtr model_for_data_unlocated(const Config& config, const data::Data
   return model;
 }
 
+// Milliseconds since this process started (Linux: its start time in /proc/self/stat against the
+// uptime, to the clock tick), or -1 where that cannot be read.
+double ms_since_process_start() {
+  std::ifstream stat("/proc/self/stat"), uptime("/proc/uptime");
+  std::string line;
+  double up = 0;
+  if (!std::getline(stat, line) || !(uptime >> up)) return -1;
+  // Field 22 (starttime, in clock ticks since boot) counts from the field after the command
+  // name, which may itself hold spaces and parentheses: fields 3 onwards follow its last ')'.
+  const size_t close = line.rfind(')');
+  if (close == std::string::npos) return -1;
+  std::istringstream fields(line.substr(close + 1));
+  std::string field;
+  for (int i = 3; i <= 22; ++i) {
+    if (!(fields >> field)) return -1;
+  }
+  const long ticks = sysconf(_SC_CLK_TCK);
+  if (ticks <= 0) return -1;
+  const double started = std::strtod(field.c_str(), nullptr) / static_cast<double>(ticks);
+  return std::max(0.0, (up - started) * 1000.0);
+}
+
 RunParts prepare_run_unlocated(const Config& config, const RunOptions& options) {
   if (!options.data_optional) check_runs_here(config);
   if (options.val_data && !options.train_data) {
@@ -581,9 +609,14 @@ RunParts prepare_run_unlocated(const Config& config, const RunOptions& options) 
     // What a cache hit costs once the process is up (the rest is loading LibTorch and, on a GPU,
     // creating the CUDA context).
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
+    const double since_start = ms_since_process_start();
     log::info(log::str("plan ready in ", log::fixed(ms, 0), " ms (device ", log::fixed(device_ms, 0), ", data ",
                        log::fixed(data_ms, 0), ", model ", log::fixed(model_ms, 0), ", the rest ",
-                       log::fixed(ms - device_ms - data_ms - model_ms, 0), "): memory from the plan cache"));
+                       log::fixed(ms - device_ms - data_ms - model_ms, 0), "): memory from the plan cache",
+                       since_start >= 0 ? "; the process started " + log::fixed(since_start, 0) +
+                                              " ms ago (the rest of that: loading LibTorch and its CUDA libraries, "
+                                              "reading the config)"
+                                        : std::string()));
   }
   if (r.group) {
     // A rank that measures memory can take longer than distributed.timeout_s while one that hit
