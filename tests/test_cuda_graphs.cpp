@@ -14,6 +14,8 @@
 #include <train/run.h>
 #include <train/trainer.h>
 
+#include <torch/version.h>
+
 #include <atomic>
 #include <fstream>
 #include <functional>
@@ -156,6 +158,20 @@ TEST_CASE("cuda: a training step replayed from a CUDA graph trains like the eage
   check_close(eager.params, graphed.params, 1e-5);
   check_close(eager.buffers, graphed.buffers, 1e-5);  // BatchNorm's running statistics
   CHECK(graphed.result.train_loss == Approx(eager.result.train_loss).epsilon(1e-4));
+
+  // Fused AdamW: its step count advanced on the GPU inside the graph (bias corrections).
+  if (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)) {
+    Config adamw_eager = eager_config, adamw_graph = graph_on;
+    for (Config* k : {&adamw_eager, &adamw_graph}) {
+      k->optim.name = "adamw";
+      k->optim.lr = 0.003;
+      k->optim.weight_decay = 0.05;
+    }
+    const Outcome a_eager = train_with(adamw_eager, std::make_shared<CountedImages>(kNever, kNever));
+    const Outcome a_graph = train_with(adamw_graph, std::make_shared<CountedImages>(kNever, kNever));
+    CHECK(a_graph.result.graph_replays == 27);
+    check_close(a_eager.params, a_graph.params, 1e-5);
+  }
 
   // auto: timed against the eager step and kept or dropped, and the weights the same either way.
   const Outcome measured = train_with(graph_config("resnet18", "auto", 30), std::make_shared<CountedImages>(kNever, kNever));

@@ -191,9 +191,10 @@ namespace {
 
 // The fused SGD of a captured CUDA graph's step (train::detail::set_device_step_controls): the LR from a
 // device tensor, the update skipped on the device, against the same SGD with the LR on the host.
-void check_device_step_controls(const torch::Device& device) {
+void check_device_step_controls(const torch::Device& device, const std::string& name) {
+  INFO(name << " on " << device);
   OptimConfig config;
-  config.name = "sgd";
+  config.name = name;
   config.momentum = 0.9;
   config.weight_decay = 0.05;
   config.impl = "fused";
@@ -221,7 +222,21 @@ void check_device_step_controls(const torch::Device& device) {
     controlled->step();
     check_same_parameters(reference, net);
   }
-  // A skipped step changes neither the parameters nor the momentum.
+  // AdamW counts its steps on the device; what it saves has caught up with them.
+  auto step_counts = [&](torch::optim::Optimizer& optimizer) {
+    Net fresh;
+    fresh.to(device);
+    const auto loaded = make_optimizer(config, fresh, 0.1);
+    load(*loaded, save(optimizer));
+    std::vector<int64_t> counts;
+    for (const auto& entry : loaded->state()) {
+      if (name == "adamw") counts.push_back(static_cast<const torch::optim::AdamWParamState&>(*entry.second).step());
+    }
+    return counts;
+  };
+  CHECK(step_counts(*controlled) == step_counts(*host));
+  if (name == "adamw") CHECK(step_counts(*controlled) == std::vector<int64_t>(4, 4));
+  // A skipped step changes neither the parameters nor the optimizer's state (step counts included).
   std::vector<torch::Tensor> before;
   for (const auto& p : net.parameters()) before.push_back(p.detach().clone());
   const std::string state_before = save(*controlled);
@@ -232,6 +247,7 @@ void check_device_step_controls(const torch::Device& device) {
   const auto after = net.parameters();
   for (size_t i = 0; i < before.size(); ++i) CHECK(torch::equal(before[i], after[i]));
   CHECK(save(*controlled) == state_before);
+  CHECK(step_counts(*controlled) == step_counts(*host));
   // Released: the host-side LR again.
   REQUIRE(train::detail::set_device_step_controls(*controlled, torch::Tensor(), torch::Tensor()));
   grads_for(4, reference);
@@ -245,7 +261,7 @@ void check_device_step_controls(const torch::Device& device) {
 
 }  // namespace
 
-TEST_CASE("optim: fused SGD takes its LR from a tensor and skips on the device as a captured step needs",
+TEST_CASE("optim: fused SGD and AdamW take their LR from a tensor and skip on the device as a captured step needs",
           "[optim]") {
   Net net;
   OptimConfig config;
@@ -257,6 +273,9 @@ TEST_CASE("optim: fused SGD takes its LR from a tensor and skips on the device a
   config.name = "adamw";
   const auto adamw = make_optimizer(config, net, 0.1);
   CHECK_FALSE(train::detail::set_device_step_controls(*adamw, torch::zeros({}, f32), torch::zeros({}, f32)));
+  config.impl = "loop";
+  const auto loop = make_optimizer(config, net, 0.1);
+  CHECK_FALSE(train::detail::set_device_step_controls(*loop, torch::zeros({}, f32), torch::zeros({}, f32)));
   if (!kCpuFused) {
     SUCCEED("LibTorch " TORCH_VERSION " has no CPU _fused_sgd_; the GPU twin of this test covers it");
     return;
@@ -270,12 +289,15 @@ TEST_CASE("optim: fused SGD takes its LR from a tensor and skips on the device a
                   std::invalid_argument);
   CHECK_THROWS_AS(train::detail::set_device_step_controls(*fused, torch::zeros({}, f32), torch::Tensor()),
                   std::invalid_argument);
-  check_device_step_controls(torch::kCPU);
+  check_device_step_controls(torch::kCPU, "sgd");
+  check_device_step_controls(torch::kCPU, "adamw");
 }
 
-TEST_CASE("cuda: fused SGD with its LR and skip flag on the GPU matches the host-side LR", "[cuda][optim]") {
+TEST_CASE("cuda: fused SGD and AdamW with their LR and skip flag on the GPU match the host-side LR", "[cuda][optim]") {
   TRAIN_SKIP_WITHOUT_CUDA("no CUDA device visible: checked by scripts/gpu-check on a GPU machine");
-  check_device_step_controls(torch::Device("cuda:0"));
+  check_device_step_controls(torch::Device("cuda:0"), "sgd");
+  const bool device_adamw = TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4);
+  if (device_adamw) check_device_step_controls(torch::Device("cuda:0"), "adamw");
 }
 
 TEST_CASE("clip_grad_norm: global L2 norm, scaled down only above the limit", "[optim]") {

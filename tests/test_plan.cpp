@@ -716,6 +716,13 @@ TEST_CASE("plan: cuda_graphs only where a captured step can replay and the reaso
     c.tuning.cuda_graphs = "on";
     CHECK_THAT(decision(make_plan(c, gpu_profile(8), in)).reason, Catch::Contains("kept (tuning.cuda_graphs on)"));
   }
+  SECTION("fused AdamW too, from LibTorch 2.4 (its learning rate and step count on the GPU)") {
+    c.optim.name = "adamw";
+    const Plan p = make_plan(c, gpu_profile(9), in);
+    const bool device_adamw = TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4);
+    CHECK(p.cuda_graphs == device_adamw);
+    CHECK_THAT(decision(p).reason, Catch::Contains(device_adamw ? "fused adamw: the step is captured" : "2.4 or later"));
+  }
   SECTION("the same config on a CPU: off, without a warning") {
     c.tuning.cuda_graphs = "on";
     const Plan p = make_plan(c, cpu_profile(), in);
@@ -735,8 +742,9 @@ TEST_CASE("plan: cuda_graphs only where a captured step can replay and the reaso
         {"accumulation", [](Config& k, PlanInputs&) { k.tuning.micro_batch = 64; }, "gradient accumulation (4 micro-batches"},
         {"varying shapes", [](Config&, PlanInputs& i) { i.static_shapes = false; }, "input shapes vary"},
         {"a model that may sync", [](Config&, PlanInputs& i) { i.capturable = false; }, "Model::capturable"},
-        {"adamw", [](Config& k, PlanInputs&) { k.optim.name = "adamw"; }, "adamw counts its steps on the host"},
         {"foreach", [](Config& k, PlanInputs&) { k.optim.impl = "foreach"; }, "optim.impl foreach"},
+        {"adamw loop", [](Config& k, PlanInputs&) { k.optim.name = "adamw"; k.optim.impl = "loop"; },
+         "optim.impl loop; the captured step needs the fused adamw kernel"},
         {"clipping", [](Config& k, PlanInputs&) { k.optim.clip_grad_norm = 1.0; }, "optim.clip_grad_norm"},
         {"fp16 loss scaling", [](Config& k, PlanInputs&) { k.precision.mode = "fp16"; }, "fp16 loss scaling"},
     };

@@ -167,6 +167,37 @@ void fused_adamw(const Args&...) {
 }
 #endif
 
+// AdamW for a captured step: the LR from `lr`, the update skipped where `skip` holds 1 (both 0-dim
+// float tensors on the parameters' device), `steps` already advanced by advance_steps. The
+// tensor-LR form of _fused_adamw_ and _foreach_add_ with a tensor are in 2.4 (checked; older
+// releases plan without CUDA graphs for AdamW).
+#if TRAIN_TORCH_AT_LEAST(2, 4)
+inline constexpr bool kAdamwStepOnDevice = true;
+inline void fused_adamw_on_device(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                                  at::TensorList exp_avg_sqs, at::TensorList steps, const at::Tensor& lr,
+                                  double beta1, double beta2, double weight_decay, double eps,
+                                  const at::Tensor& skip) {
+  at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr, beta1, beta2,
+                    weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false,
+                    /*grad_scale=*/c10::optional<at::Tensor>(), c10::optional<at::Tensor>(skip));
+}
+// Every step count + 1 - skip, on the device.
+inline void advance_steps(at::TensorList steps, const at::Tensor& skip) {
+  at::_foreach_add_(steps, skip, -1);
+  at::_foreach_add_(steps, 1);
+}
+#else
+inline constexpr bool kAdamwStepOnDevice = false;
+template <typename... Args>
+void fused_adamw_on_device(const Args&...) {
+  TORCH_CHECK(false, "AdamW with its step on the device needs LibTorch 2.4 or later, this is ", torch_version());
+}
+template <typename... Args>
+void advance_steps(const Args&...) {
+  TORCH_CHECK(false, "AdamW with its step on the device needs LibTorch 2.4 or later, this is ", torch_version());
+}
+#endif
+
 // One SGD step over tensors on one device. Call only where has_fused_sgd(device).
 // `momentum_buffers` is empty when momentum is 0; with is_first_step the kernel fills them.
 #if TRAIN_TORCH_AT_LEAST(2, 3)

@@ -48,12 +48,22 @@ class MultiTensorOptimizer : public torch::optim::Optimizer {
 
   bool fused() const { return fused_; }
 
+  // See detail::set_device_step_controls. Whether this optimizer can take them: its fused step.
+  virtual bool takes_device_controls() const { return fused_; }
+  void set_device_controls(torch::Tensor lr, torch::Tensor skip) {
+    if (device_lr_.defined() && !lr.defined()) leave_device_controls();
+    device_lr_ = std::move(lr);
+    device_skip_ = std::move(skip);
+  }
+
  protected:
   MultiTensorOptimizer(const std::vector<OptimizerParamGroup>& groups, std::unique_ptr<OptimizerOptions> defaults,
                        bool fused)
       : Optimizer(groups, std::move(defaults)), fused_(fused) {}
 
   virtual void step_group(const OptimizerOptions& options, const TensorVector& params, const TensorVector& grads) = 0;
+  // The step goes back to host-side values: what the device held that the host needs comes back.
+  virtual void leave_device_controls() {}
 
   // The parameter's state, nullptr before its first step.
   template <typename State>
@@ -70,6 +80,9 @@ class MultiTensorOptimizer : public torch::optim::Optimizer {
     return added;
   }
 
+  torch::Tensor device_lr_;    // defined: the fused kernel reads the LR from it (options.lr() is not used)
+  torch::Tensor device_skip_;  // with device_lr_: 1.0 skips the whole update
+
  private:
   bool fused_;
 };
@@ -82,11 +95,6 @@ class MultiTensorSGD final : public MultiTensorOptimizer {
   MultiTensorSGD(const std::vector<OptimizerParamGroup>& groups, const SGDOptions& defaults, bool fused)
       : MultiTensorOptimizer(groups, std::make_unique<SGDOptions>(defaults), fused) {}
 
-  // See detail::set_device_step_controls.
-  void set_device_controls(torch::Tensor lr, torch::Tensor skip) {
-    device_lr_ = std::move(lr);
-    device_skip_ = std::move(skip);
-  }
 
   void save(torch::serialize::OutputArchive& archive) const override {
     torch::optim::serialize<SGDParamState, SGDOptions>(archive, *this);
@@ -166,9 +174,6 @@ class MultiTensorSGD final : public MultiTensorOptimizer {
     run(running_params, running_grads, running_buffers, false);
     run(new_params, new_grads, new_buffers, true);
   }
-
-  torch::Tensor device_lr_;    // defined: the fused kernel reads the LR from it (options.lr() is not used)
-  torch::Tensor device_skip_;  // with device_lr_: 1.0 skips the whole update
 };
 
 // torch::optim::AdamW's update: p *= 1 - lr * weight_decay; m = beta1 * m + (1 - beta1) * g;
@@ -179,19 +184,37 @@ class MultiTensorAdamW final : public MultiTensorOptimizer {
       : MultiTensorOptimizer(groups, std::make_unique<AdamWOptions>(defaults), fused) {}
 
   void save(torch::serialize::OutputArchive& archive) const override {
+    // The counts a step on the device advanced are what the checkpoint holds. (The optimizer is
+    // not const: it was made by make_optimizer.)
+    const_cast<MultiTensorAdamW*>(this)->copy_steps_to_host();
     torch::optim::serialize<AdamWParamState, AdamWOptions>(archive, *this);
   }
   void load(torch::serialize::InputArchive& archive) override {
     torch::optim::serialize<AdamWParamState, AdamWOptions>(archive, *this);
+    device_steps_.clear();  // the loaded counts start them again
   }
+  bool takes_device_controls() const override { return fused() && compat::kAdamwStepOnDevice; }
 
  private:
+  void leave_device_controls() override {
+    copy_steps_to_host();
+    device_steps_.clear();
+  }
+  void copy_steps_to_host() {
+    for (auto& [impl, entry] : device_steps_) {
+      if (auto* state = find_state<AdamWParamState>(entry.first)) {
+        state->step(static_cast<int64_t>(std::llround(entry.second.item<double>())));
+      }
+    }
+  }
+
   void step_group(const OptimizerOptions& group_options, const TensorVector& params,
                   const TensorVector& grads) override {
     const auto& options = static_cast<const AdamWOptions&>(group_options);
     // make_optimizer never sets amsgrad; a loaded checkpoint could.
     TORCH_CHECK(!options.amsgrad(), "the foreach and fused AdamW do not implement amsgrad; use optim.impl: loop");
-    TensorVector exp_avgs, exp_avg_sqs;
+    const bool on_device = device_lr_.defined();
+    TensorVector exp_avgs, exp_avg_sqs, device_steps;
     std::vector<int64_t> steps;
     for (const auto& param : params) {
       auto* state = find_state<AdamWParamState>(param);
@@ -200,10 +223,26 @@ class MultiTensorAdamW final : public MultiTensorOptimizer {
         state->exp_avg(torch::zeros_like(param, torch::MemoryFormat::Preserve));
         state->exp_avg_sq(torch::zeros_like(param, torch::MemoryFormat::Preserve));
       }
-      state->step(state->step() + 1);
       exp_avgs.push_back(state->exp_avg());
       exp_avg_sqs.push_back(state->exp_avg_sq());
+      if (on_device) {
+        // The count lives on the device from here on (a captured step replays without the host).
+        auto& entry = device_steps_[param.unsafeGetTensorImpl()];
+        if (!entry.second.defined()) {
+          entry = {param, torch::full({}, static_cast<double>(state->step()), param.options().dtype(torch::kFloat))};
+        }
+        device_steps.push_back(entry.second);
+        continue;
+      }
+      state->step(state->step() + 1);
       steps.push_back(state->step());
+    }
+    if (on_device) {
+      const auto [beta1, beta2] = options.betas();
+      compat::advance_steps(device_steps, device_skip_);
+      compat::fused_adamw_on_device(params, grads, exp_avgs, exp_avg_sqs, device_steps, device_lr_, beta1, beta2,
+                                    options.weight_decay(), options.eps(), device_skip_);
+      return;
     }
     if (fused()) {
       fused_step(options, params, grads, exp_avgs, exp_avg_sqs, steps);
@@ -251,6 +290,10 @@ class MultiTensorAdamW final : public MultiTensorOptimizer {
     compat::fused_adamw(params, grads, exp_avgs, exp_avg_sqs, step_list, options.lr(), beta1, beta2,
                         options.weight_decay(), options.eps());
   }
+
+  // With device controls: each parameter's step count as a float tensor on its device, advanced
+  // there; the host's AdamWParamState::step() catches up in save() and when the controls go.
+  std::map<const c10::TensorImpl*, std::pair<torch::Tensor, torch::Tensor>> device_steps_;
 };
 
 enum class Impl { kFused, kForeach, kLoop };
@@ -354,8 +397,8 @@ void place_state_like_params(torch::optim::Optimizer& optimizer) {
 namespace detail {
 
 bool set_device_step_controls(torch::optim::Optimizer& optimizer, const torch::Tensor& lr, const torch::Tensor& skip) {
-  auto* sgd = dynamic_cast<MultiTensorSGD*>(&optimizer);
-  if (!sgd || !sgd->fused()) return false;
+  auto* multi = dynamic_cast<MultiTensorOptimizer*>(&optimizer);
+  if (!multi || !multi->takes_device_controls()) return false;
   if (lr.defined() != skip.defined()) {
     throw std::invalid_argument("set_device_step_controls: give both the LR and the skip tensor, or neither");
   }
@@ -364,7 +407,7 @@ bool set_device_step_controls(torch::optim::Optimizer& optimizer, const torch::T
       throw std::invalid_argument("set_device_step_controls: the LR and skip tensors are 0-dim float32");
     }
   }
-  sgd->set_device_controls(lr, skip);
+  multi->set_device_controls(lr, skip);
   return true;
 }
 

@@ -392,12 +392,13 @@ Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInpu
       blocker = "input shapes vary from batch to batch; a graph replays one shape";
     } else if (!inputs.capturable) {
       blocker = "the model's forward may wait for the GPU or change shape with the data (Model::capturable)";
-    } else if (config.optim.name != "sgd") {
-      blocker = config.optim.name + " counts its steps on the host; graphs capture the fused SGD step only";
     } else if (config.optim.impl != "auto" && config.optim.impl != "fused") {
-      blocker = "optim.impl " + config.optim.impl + "; the captured step needs the fused SGD kernel";
-    } else if (!compat::has_fused_sgd(c10::DeviceType::CUDA)) {
+      blocker = "optim.impl " + config.optim.impl + "; the captured step needs the fused " + config.optim.name + " kernel";
+    } else if (config.optim.name == "sgd" && !compat::has_fused_sgd(c10::DeviceType::CUDA)) {
       blocker = "this LibTorch has no fused SGD kernel with a learning rate on the GPU (2.3 or later)";
+    } else if (config.optim.name == "adamw" && !compat::kAdamwStepOnDevice) {
+      blocker = "this LibTorch has no fused AdamW kernel with its learning rate and step count on the GPU (2.4 or "
+                "later)";
     } else if (config.optim.clip_grad_norm > 0) {
       blocker = "optim.clip_grad_norm reads the gradient norm on the host every step";
     } else if (plan.loss_scaling) {
@@ -410,8 +411,8 @@ Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInpu
     }
     decide("cuda_graphs", plan.cuda_graphs ? "on" : "off",
            plan.cuda_graphs
-               ? std::string("one process, static shapes, a capturable model and fused SGD: the step is captured "
-                             "after a few eager steps and replayed") +
+               ? "one process, static shapes, a capturable model and fused " + config.optim.name +
+                     ": the step is captured after a few eager steps and replayed" +
                      (mode == "on" ? "; kept (tuning.cuda_graphs on)"
                                    : "; kept only if a replay measures faster than an eager step")
                : blocker,

@@ -217,8 +217,8 @@ struct Trainer::Impl {
   dist::GroupPtr group;                 // null for a single process
   std::unique_ptr<dist::GradSync> sync;  // data-parallel gradient averaging (group of > 1 rank)
   bool has_buffers = false;
-  // plan.cuda_graphs: the step captured in a CUDA graph, and the device tensors its fused SGD
-  // reads the learning rate and the skip flag (a non-finite loss) from.
+  // plan.cuda_graphs: the step captured in a CUDA graph, and the device tensors its fused
+  // optimizer reads the learning rate and the skip flag (a non-finite loss) from.
   std::unique_ptr<detail::StepGraph> graph;
   torch::Tensor step_lr, step_skip;
   int64_t graph_replays = 0;  // of graphs already released
@@ -426,8 +426,8 @@ struct Trainer::Impl {
 
   // One whole step for the graph: gradients dropped (inside the capture, the backward pass then
   // allocates them from the graph's pool, where every replay rewrites them), forward, backward and
-  // the fused SGD step, which reads the LR from step_lr and skips its update when the loss is not
-  // finite, all on the device.
+  // the fused optimizer step, which reads the LR from step_lr and skips its update when the loss
+  // is not finite, all on the device.
   torch::Tensor graph_step_compute(const torch::Tensor& input, const torch::Tensor& target) {
     drop_gradients();
     torch::Tensor loss;
@@ -1241,7 +1241,7 @@ FitResult Trainer::fit(const std::string& resume) {
       continue;
     }
     if (any_nonfinite) {
-      // (With a graph the fused SGD step already skipped its update on the device.)
+      // (With a graph the fused optimizer step already skipped its update on the device.)
       s.handle_nonfinite(step_loss, step_start);  // returns only when it rolled back
       if (s.graph) s.graph->invalidate("rolled back to a checkpoint");  // new optimizer state tensors
       restart_window();

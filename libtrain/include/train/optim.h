@@ -38,12 +38,14 @@ void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);
 
 namespace detail {
 
-// For a step captured in a CUDA graph (the trainer's tuning.cuda_graphs): makes a fused SGD from
-// make_optimizer read its learning rate from `lr` and skip its whole update (parameters and
-// momentum) where `skip` holds 1, both 0-dim float32 tensors on the parameters' device that the
-// caller fills before each step; set_learning_rate then no longer changes what the step uses.
-// Undefined tensors go back to the host-side LR. Returns false, changing nothing, for any other
-// optimizer; std::invalid_argument for tensors of another shape or dtype.
+// For a step captured in a CUDA graph (the trainer's tuning.cuda_graphs): makes a fused SGD or
+// AdamW from make_optimizer read its learning rate from `lr` and skip its whole update
+// (parameters, momentum or moments, AdamW's step count) where `skip` holds 1, both 0-dim float32
+// tensors on the parameters' device that the caller fills before each step; set_learning_rate
+// then no longer changes what the step uses. AdamW then counts its steps on the device (the
+// saved state catches up in save()). Undefined tensors go back to the host. Returns false,
+// changing nothing, for any other optimizer (AdamW before LibTorch 2.4); std::invalid_argument
+// for tensors of another shape or dtype.
 bool set_device_step_controls(torch::optim::Optimizer& optimizer, const torch::Tensor& lr, const torch::Tensor& skip);
 
 }  // namespace detail
