@@ -712,6 +712,9 @@ TEST_CASE("plan: cuda_graphs only where a captured step can replay and the reaso
     CHECK(p.cuda_graphs);
     CHECK(decision(p).value == "on");
     CHECK_THAT(decision(p).reason, Catch::Contains("kept only if a replay measures faster"));
+    c.optim.clip_grad_norm = 1.0;  // clipped on the device, inside the graph
+    CHECK(make_plan(c, gpu_profile(8), in).cuda_graphs);
+    c.optim.clip_grad_norm = 0;
     CHECK_THAT(p.to_json(), Catch::Contains("\"cuda_graphs\":true"));
     c.tuning.cuda_graphs = "on";
     CHECK_THAT(decision(make_plan(c, gpu_profile(8), in)).reason, Catch::Contains("kept (tuning.cuda_graphs on)"));
@@ -745,7 +748,6 @@ TEST_CASE("plan: cuda_graphs only where a captured step can replay and the reaso
         {"foreach", [](Config& k, PlanInputs&) { k.optim.impl = "foreach"; }, "optim.impl foreach"},
         {"adamw loop", [](Config& k, PlanInputs&) { k.optim.name = "adamw"; k.optim.impl = "loop"; },
          "optim.impl loop; the captured step needs the fused adamw kernel"},
-        {"clipping", [](Config& k, PlanInputs&) { k.optim.clip_grad_norm = 1.0; }, "optim.clip_grad_norm"},
         {"fp16 loss scaling", [](Config& k, PlanInputs&) { k.precision.mode = "fp16"; }, "fp16 loss scaling"},
     };
     for (const auto& test : cases) {

@@ -198,6 +198,16 @@ void advance_steps(const Args&...) {
 }
 #endif
 
+// Every tensor of `tensors` (one device) times the 0-dim tensor `factor`, without reading it on
+// the host: one multi-tensor kernel from 2.1 (_foreach_mul_.Tensor), one kernel per tensor before.
+inline void foreach_mul_by_tensor(at::TensorList tensors, const at::Tensor& factor) {
+#if TRAIN_TORCH_AT_LEAST(2, 1)
+  at::_foreach_mul_(tensors, factor);
+#else
+  for (const auto& t : tensors) t.mul_(factor);
+#endif
+}
+
 // One SGD step over tensors on one device. Call only where has_fused_sgd(device).
 // `momentum_buffers` is empty when momentum is 0; with is_first_step the kernel fills them.
 #if TRAIN_TORCH_AT_LEAST(2, 3)

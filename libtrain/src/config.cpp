@@ -495,7 +495,7 @@ std::vector<Key> build_schema() {
              "capture the training step (forward, backward, fused SGD or AdamW) in a CUDA graph after a few eager "
              "steps and replay it, so that the CPU launches one graph instead of every kernel; needs one process, "
              "no gradient accumulation, static shapes, a model whose forward never waits for the GPU, "
-             "the fused optimizer, no clipping and no loss scaling. auto = where those hold on a GPU, kept only if "
+             "the fused optimizer and no loss scaling. auto = where those hold on a GPU, kept only if "
              "replaying is measured faster than the eager step; on = keep it whatever it measures")
           .one_of({"auto", "on", "off"}).execution_only(),
       tuning("cache_dir", &TuningConfig::cache_dir,

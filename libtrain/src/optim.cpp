@@ -440,15 +440,12 @@ double LrSchedule::at(int64_t step) const {
   throw ConfigError("key 'schedule.name': unknown schedule '" + config_.name + "'");
 }
 
-double clip_grad_norm(torch::nn::Module& model, double max_norm) {
-  torch::NoGradGuard no_grad;
-  // One list per (device, dtype): each goes to one multi-tensor norm and one multi-tensor scale,
-  // a handful of kernels for the whole model where a loop launches two per parameter (on a GPU,
-  // with the host sync of the norm between them, those launches are time the device sits idle).
-  std::vector<torch::Tensor> grads;
-  for (const auto& p : model.parameters()) grads.push_back(p.grad());
-  const auto groups = group_by_device_and_dtype(grads);
-  if (groups.empty()) return 0.0;
+namespace {
+
+// The global L2 norm of `groups`' gradients (fp32, 0-dim, on the first group's device), with
+// multi-tensor kernels: one list per (device, dtype) goes to one norm, a handful of kernels for
+// the whole model where a loop launches two per parameter.
+torch::Tensor total_grad_norm(const std::map<TensorGroupKey, std::vector<torch::Tensor>>& groups) {
   std::vector<torch::Tensor> norms;  // fp32 norms, one per gradient
   for (const auto& [key, group] : groups) {
     const auto type = group.front().scalar_type();
@@ -459,13 +456,43 @@ double clip_grad_norm(torch::nn::Module& model, double max_norm) {
       for (const auto& g : group) norms.push_back(g.to(torch::kFloat).norm());
     }
   }
-  // Per-device partial norms meet on the first gradient's device for the one host read.
+  // Per-device partial norms meet on the first gradient's device.
   const auto& first = norms.front().device();
   for (auto& n : norms) n = n.to(first);
-  const double total = torch::stack(norms).norm().item<double>();
+  return torch::stack(norms).norm();
+}
+
+}  // namespace
+
+double clip_grad_norm(torch::nn::Module& model, double max_norm) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : model.parameters()) grads.push_back(p.grad());
+  const auto groups = group_by_device_and_dtype(grads);
+  if (groups.empty()) return 0.0;
+  const double total = total_grad_norm(groups).item<double>();  // the one host read
   if (max_norm > 0 && total > max_norm) {
     const double scale = max_norm / (total + 1e-6);
     for (const auto& [key, group] : groups) at::_foreach_mul_(group, scale);
+  }
+  return total;
+}
+
+torch::Tensor clip_grad_norm_on_device(torch::nn::Module& model, double max_norm) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : model.parameters()) grads.push_back(p.grad());
+  const auto groups = group_by_device_and_dtype(grads);
+  if (groups.empty()) return torch::zeros({}, torch::kFloat);
+  const torch::Tensor total = total_grad_norm(groups);
+  if (max_norm > 0) {
+    // min(1, max_norm / (norm + 1e-6)): 1 below the limit (the gradients stay as they are), 0 for
+    // an infinite norm, NaN for a NaN one.
+    const torch::Tensor factor = (max_norm / (total + 1e-6)).clamp_max(1.0);
+    for (const auto& [key, group] : groups) {
+      compat::foreach_mul_by_tensor(group, factor.device() == group.front().device() ? factor
+                                                                                        : factor.to(group.front().device()));
+    }
   }
   return total;
 }

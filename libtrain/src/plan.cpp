@@ -399,8 +399,6 @@ Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInpu
     } else if (config.optim.name == "adamw" && !compat::kAdamwStepOnDevice) {
       blocker = "this LibTorch has no fused AdamW kernel with its learning rate and step count on the GPU (2.4 or "
                 "later)";
-    } else if (config.optim.clip_grad_norm > 0) {
-      blocker = "optim.clip_grad_norm reads the gradient norm on the host every step";
     } else if (plan.loss_scaling) {
       blocker = "fp16 loss scaling decides on the host whether each step is applied";
     }

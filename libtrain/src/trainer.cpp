@@ -438,7 +438,12 @@ struct Trainer::Impl {
     loss.backward();
     {
       torch::NoGradGuard no_grad;
-      step_skip.copy_(loss.detach().isfinite().logical_not());
+      torch::Tensor finite = loss.detach().isfinite();
+      // Clipped on the device; a non-finite norm skips the step like a non-finite loss.
+      if (config.optim.clip_grad_norm > 0) {
+        finite = finite.logical_and(clip_grad_norm_on_device(*model, config.optim.clip_grad_norm).isfinite());
+      }
+      step_skip.copy_(finite.logical_not());
     }
     try {
       optimizer->step();
@@ -1206,9 +1211,13 @@ FitResult Trainer::fit(const std::string& resume) {
       step_loss = torch::stack(micro_losses).to(torch::kDouble).mean().item<double>();
     }
     const bool nonfinite = oom.empty() && !std::isfinite(step_loss);
+    // With a graph and clipping, a finite loss with a non-finite gradient norm skipped the step on
+    // the device; the host learns it here (the loss was read: no further wait).
+    const bool norm_nonfinite = graphed && oom.empty() && !nonfinite && s.config.optim.clip_grad_norm > 0 &&
+                                s.step_skip.item<float>() != 0;
     bool stopping = s.stop.load();
     bool any_oom = !oom.empty();
-    bool any_nonfinite = nonfinite;
+    bool any_nonfinite = nonfinite || norm_nonfinite;
     int64_t global_targets = step_targets;
     if (s.group) {
       // All ranks take the same decision: a stop request (SIGTERM) may reach one rank only, and

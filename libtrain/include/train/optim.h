@@ -71,4 +71,10 @@ class LrSchedule {
 // Returns the norm before clipping.
 double clip_grad_norm(torch::nn::Module& model, double max_norm);
 
+// The same without reading the norm on the host (what a step captured in a CUDA graph needs):
+// the gradients are multiplied by min(1, max_norm / (norm + 1e-6)), as torch.nn.utils'
+// clip_grad_norm_ does, and the norm before clipping comes back as a 0-dim float tensor on the
+// first gradient's device (inf or NaN when a gradient is; the gradients are then 0 or NaN).
+torch::Tensor clip_grad_norm_on_device(torch::nn::Module& model, double max_norm);
+
 }  // namespace train
