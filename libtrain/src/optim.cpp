@@ -462,13 +462,18 @@ torch::Tensor total_grad_norm(const std::map<TensorGroupKey, std::vector<torch::
   return torch::stack(norms).norm();
 }
 
+// The model's gradients by (device, dtype), each list for one multi-tensor kernel.
+std::map<TensorGroupKey, std::vector<torch::Tensor>> gradient_groups(torch::nn::Module& model) {
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : model.parameters()) grads.push_back(p.grad());
+  return group_by_device_and_dtype(grads);
+}
+
 }  // namespace
 
 double clip_grad_norm(torch::nn::Module& model, double max_norm) {
   torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> grads;
-  for (const auto& p : model.parameters()) grads.push_back(p.grad());
-  const auto groups = group_by_device_and_dtype(grads);
+  const auto groups = gradient_groups(model);
   if (groups.empty()) return 0.0;
   const double total = total_grad_norm(groups).item<double>();  // the one host read
   if (max_norm > 0 && total > max_norm) {
@@ -480,9 +485,7 @@ double clip_grad_norm(torch::nn::Module& model, double max_norm) {
 
 torch::Tensor clip_grad_norm_on_device(torch::nn::Module& model, double max_norm) {
   torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> grads;
-  for (const auto& p : model.parameters()) grads.push_back(p.grad());
-  const auto groups = group_by_device_and_dtype(grads);
+  const auto groups = gradient_groups(model);
   if (groups.empty()) return torch::zeros({}, torch::kFloat);
   const torch::Tensor total = total_grad_norm(groups);
   if (max_norm > 0) {

@@ -427,7 +427,7 @@ struct Trainer::Impl {
   // One whole step for the graph: gradients dropped (inside the capture, the backward pass then
   // allocates them from the graph's pool, where every replay rewrites them), forward, backward and
   // the fused optimizer step, which reads the LR from step_lr and skips its update when the loss
-  // is not finite, all on the device.
+  // (or, with clipping, the gradient norm) is not finite, all on the device.
   torch::Tensor graph_step_compute(const torch::Tensor& input, const torch::Tensor& target) {
     drop_gradients();
     torch::Tensor loss;
