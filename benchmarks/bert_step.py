@@ -57,10 +57,10 @@ def additive_mask(keep, dtype):
 
 
 class BertLayer(nn.Module):
-    def __init__(self, hidden, heads, intermediate, dropout, attention):
+    def __init__(self, hidden, heads, intermediate, dropout, attention, qkv="separate"):
         super().__init__()
         self.heads, self.head_dim, self.attention_dropout = heads, hidden // heads, dropout
-        self.attention_impl = attention
+        self.attention_impl, self.qkv = attention, qkv
         self.attention = Container()
         self.attention.add_module("self", Container())
         attn_self = getattr(self.attention, "self")
@@ -84,7 +84,12 @@ class BertLayer(nn.Module):
         def split(y):
             return y.view(b, t, self.heads, self.head_dim).transpose(1, 2)
 
-        q, k, v = split(attn_self.query(x)), split(attn_self.key(x)), split(attn_self.value(x))
+        if self.qkv == "fused":  # one projection, as train's C++ layer computes it
+            qkv = F.linear(x, torch.cat([attn_self.query.weight, attn_self.key.weight, attn_self.value.weight]),
+                           torch.cat([attn_self.query.bias, attn_self.key.bias, attn_self.value.bias]))
+            q, k, v = qkv.view(b, t, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        else:  # three, as Hugging Face's BertSelfAttention computes them
+            q, k, v = split(attn_self.query(x)), split(attn_self.key(x)), split(attn_self.value(x))
         p = self.attention_dropout if self.training else 0.0
         if keep is not None and not masks:  # made by the first layer, in the attention's dtype
             masks.append(additive_mask(keep, q.dtype))
@@ -104,7 +109,7 @@ class BertLayer(nn.Module):
 
 
 class BertForMaskedLM(nn.Module):
-    def __init__(self, preset, dropout=0.1, attention="fused"):
+    def __init__(self, preset, dropout=0.1, attention="fused", qkv="separate"):
         super().__init__()
         layers, hidden, heads = PRESETS[preset]
         self.embeddings = Container()
@@ -120,7 +125,7 @@ class BertForMaskedLM(nn.Module):
             self.embeddings.word_embeddings.weight[PAD_ID].zero_()
         self.encoder = Container()
         self.encoder.layer = nn.ModuleList(
-            BertLayer(hidden, heads, 4 * hidden, dropout, attention) for _ in range(layers))
+            BertLayer(hidden, heads, 4 * hidden, dropout, attention, qkv) for _ in range(layers))
         self.cls = Container()
         self.cls.predictions = Container()
         self.cls.predictions.bias = nn.Parameter(torch.zeros(VOCAB))
@@ -256,6 +261,10 @@ def main():
     p.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
     p.add_argument("--attention", default="fused", choices=["fused", "plain"],
                    help="fused = F.scaled_dot_product_attention; compare_bert.py passes what the C++ side ran")
+    p.add_argument("--qkv", default="separate", choices=["separate", "fused"],
+                   help="separate: query, key and value projected by three Linear layers, as Hugging Face writes "
+                        "BERT (what a Python user runs); fused: one projection through their concatenated weights, "
+                        "as train's C++ layer computes it (the same function and parameters)")
     p.add_argument("--optim-impl", default="fused", choices=["fused", "foreach"],
                    help="torch.optim.AdamW(fused=True) or (foreach=True); compare_bert.py passes the C++ side's")
     p.add_argument("--threads", type=int, default=0, help="intra-op CPU threads; 0 = PyTorch's default")
@@ -278,7 +287,7 @@ def main():
 
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.manual_seed(0)
-    model = BertForMaskedLM(a.preset, dropout=0.1, attention=a.attention).to(device)
+    model = BertForMaskedLM(a.preset, dropout=0.1, attention=a.attention, qkv=a.qkv).to(device)
     model.train()
     optimizer = make_optimizer(model, a.optim_impl)
     inputs, labels = make_batch(a.batch, a.seq, device)
@@ -288,7 +297,7 @@ def main():
         rates = time_windows(step, device, a.warmup, a.steps, a.window, a.batch)
         print(json.dumps({"impl": "python", "pid": os.getpid(), "preset": a.preset, **model.sizes,
                           "params": sum(q.numel() for q in model.parameters()), "batch": a.batch, "seq": a.seq,
-                          "precision": a.precision, "attention": a.attention, "optimizer": f"adamw {a.optim_impl}",
+                          "precision": a.precision, "attention": a.attention, "qkv": a.qkv, "optimizer": f"adamw {a.optim_impl}",
                           "threads": torch.get_num_threads(), "targets": int((labels != -100).sum()),
                           "input_sum": int(inputs.sum()), "windows": len(rates), "seq_per_s": median(rates),
                           "min": rates[0], "max": rates[-1]}), flush=True)

@@ -12,7 +12,12 @@ first run, so both sides run the same algorithms.
 With --check (run once, before the timing) the C++ side writes its initial weights, eval logits
 and two training steps (without dropout) for --check-preset to a file, and bert_step.py --check
 loads the weights by name and compares logits, losses and updated weights: the two programs train
-the same model with the same loss and optimizer. A failed check is reported at once and again
+the same model with the same loss and optimizer.
+
+The C++ layer projects query, key and value in one GEMM through their concatenated weights (the
+same function and parameters as three Linear layers). The Python side by default runs the three
+layers Hugging Face's BertSelfAttention runs (what a Python user trains); --python-qkv fused gives
+it the C++ computation, which separates the implementation's share of a ratio from the language's. A failed check is reported at once and again
 under the table, the timing still runs (a GPU lease is short), and the script exits 1.
 
     python3 benchmarks/compare_bert.py --bin build/bin/bench_bert_step --check --rounds 3 \
@@ -96,6 +101,10 @@ def main():
     p.add_argument("--device", default="cuda")
     p.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
     p.add_argument("--attention", default="auto", choices=["auto", "fused", "plain"])
+    p.add_argument("--python-qkv", default="separate", choices=["separate", "fused"],
+                   help="the Python side's query/key/value projection: separate (three Linear layers, as Hugging "
+                        "Face writes BERT; the default) or fused (one, as the C++ layer computes it), to tell "
+                        "the implementation's share of a difference from the language's")
     p.add_argument("--threads", type=int, default=0, help="intra-op CPU threads for both sides; 0 = default")
     p.add_argument("--check", action="store_true", help="run the same-model check first")
     p.add_argument("--check-preset", default="bert-tiny")
@@ -121,7 +130,8 @@ def main():
     runs = run_interleaved(
         [a.bin] + common + ["--attention", a.attention],
         lambda res: [a.python, py_script] + common + ["--attention", res["attention"],
-                                                      "--optim-impl", res["optimizer"].split()[-1]],
+                                                      "--optim-impl", res["optimizer"].split()[-1],
+                                                      "--qkv", a.python_qkv],
         a.rounds, a.processes, "seq_per_s", "seq/s", a.spread_warn, warnings)
 
     first = {name: runs[name][0] for name in runs}
@@ -148,7 +158,8 @@ def main():
     print(f"\nBERT-{a.preset.removeprefix('bert-')} MLM, batch {a.batch}, seq {a.seq}, {a.precision}, "
           f"attention {c['attention']}, {c['optimizer']}, {c['params'] / 1e6:.1f} M parameters, "
           f"{flops / 1e9:.2f} GFLOP per sequence, "
-          f"{a.device}{f', {a.threads} threads' if a.threads else ''}, {a.rounds} interleaved rounds "
+          f"{a.device}{f', {a.threads} threads' if a.threads else ''}, Python's Q/K/V projection {a.python_qkv} "
+          f"(C++: fused), {a.rounds} interleaved rounds "
           f"({'one process per side, kept' if a.processes == 'serve' else 'a new process per round'})")
     print("| impl | rounds (seq/s) | median seq/s | MFU |")
     print("|---|---|---|---|")

@@ -981,6 +981,18 @@ TEST_CASE("bad_input: garbage truncated or mismatched checkpoints exit 2", "[bad
          const std::string ckpt = d.write("model.pt", "PK\x03\x04 garbage");
          return Invocation{{"export", ckpt, "--format", "safetensors", "out.safetensors"}, {ckpt}};
        }},
+      {"export: OUT is a directory", kExitConfig,
+       [&](const CaseDir& d) {
+         const std::string ckpt = d.write("model.pt", good);
+         files::make_directories(d / "weights");
+         return Invocation{{"export", ckpt, "weights"}, {"weights: is a directory", "weights/model.safetensors"}};
+       }},
+      {"export: OUT in a directory that does not exist", kExitConfig,
+       [&](const CaseDir& d) {
+         const std::string ckpt = d.write("model.pt", good);
+         return Invocation{{"export", ckpt, "nowhere/model.safetensors"},
+                           {"nowhere/model.safetensors: directory nowhere does not exist"}};
+       }},
   };
   run_cases(cases);
 }
@@ -1009,6 +1021,20 @@ TEST_CASE("bad_input: a finished run's directory is left unchanged", "[bad_input
        [&](const CaseDir& d) {
          finished_run(d);
          return Invocation{{"fit", "cfg.yaml", "--run-dir", "run"}, {"run", "already holds checkpoints"}};
+       }},
+      {"fit again without --resume where every checkpoint is damaged", kExitConfig,
+       [&](const CaseDir& d) {
+         finished_run(d);
+         d.write("run/checkpoints/step_00000001.pt", "garbage");
+         return Invocation{{"fit", "cfg.yaml", "--run-dir", "run"}, {"run", "already holds checkpoints"}};
+       }},
+      {"--resume auto where every checkpoint is damaged", kExitConfig,
+       [&](const CaseDir& d) {
+         finished_run(d);
+         d.write("run/checkpoints/step_00000001.pt", "garbage");
+         return Invocation{{"fit", "cfg.yaml", "--run-dir", "run", "--resume", "auto", "--set", "trainer.max_steps=3"},
+                           {"run/checkpoints/step_00000001.pt", "none of the 1 checkpoint(s) in run/checkpoints can "
+                            "be read", "nothing was changed"}};
        }},
       {"--resume naming a garbage checkpoint", kExitConfig,
        [&](const CaseDir& d) {

@@ -634,6 +634,38 @@ TEST_CASE("TSV data pads each batch to its own longest text, so the plan leaves 
   train::files::remove_all(dir);
 }
 
+// train plan on a machine without the data: a token config describes its input (data.seq_len); an
+// image config without data.image_size does not, and the error says which key would.
+TEST_CASE("plan without the data: token configs plan for data.seq_len and image configs need data.image_size",
+          "[bert][plan]") {
+  const std::string dir = train::files::make_temp_directory("plan_no_data");
+  train::RunOptions options;
+  options.data_optional = true;  // as train plan does
+  for (const std::string kind : {"tokens", "tsv"}) {
+    INFO(kind);
+    const train::Config c = train::parse_config(
+        "model: {name: " + std::string(kind == "tokens" ? "bert-mlm" : "bert-classifier") +
+            ", preset: bert-tiny, vocab_size: 64, max_positions: 32}\n"
+            "data: {kind: " + kind + ", root: " + dir + "/not-here, vocab_file: vocab.txt, seq_len: 32}\n"
+            "trainer: {global_batch: 4, max_steps: 1, device: cpu}\n"
+            "tuning: {cache_dir: " + dir + "/cache, max_micro_batch: 4}\n",
+        "no_data.yaml");
+    const train::RunParts run = train::prepare_run(c, options);
+    CHECK(run.train == nullptr);
+    CHECK(run.plan.global_batch == 4);
+    CHECK(run.plan.micro_batch >= 1);
+    CHECK_THAT(run.plan.memory.source, Catch::Contains("probe on cpu"));  // the model ran on [b, 32] token ids
+    CHECK_THROWS_AS(train::prepare_run(c), train::DataError);  // a run (not a plan) needs its data
+  }
+  const train::Config images = train::parse_config(
+      "model: {name: resnet18}\ndata: {kind: image_folder, root: " + dir + "/not-here}\n"
+      "trainer: {global_batch: 4, max_steps: 1, device: cpu}\n", "no_images.yaml");
+  CHECK_THROWS_WITH(train::prepare_run(images, options),
+                    Catch::Contains(dir + "/not-here") &&
+                        Catch::Contains("to plan without the data, set data.image_size"));
+  train::files::remove_all(dir);
+}
+
 TEST_CASE("BERT random_input gives valid non-pad ids for the probe", "[bert]") {
   BertModel model(tiny(BertHead::kMaskedLM));
   const auto ids = model.random_input({64, 32}, torch::TensorOptions());

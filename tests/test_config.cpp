@@ -646,6 +646,41 @@ TEST_CASE("to_yaml writes every key and round-trips exactly", "[config]") {
   }
 }
 
+TEST_CASE("validate_config applies the file's checks to a config built or changed in code", "[config]") {
+  const Config loaded = parse_config(kRequired, "test.yaml");
+  CHECK_NOTHROW(train::validate_config(loaded));
+  CHECK_NOTHROW(train::validate_config(unusual_config()));
+
+  Config changed = loaded;
+  changed.optim.lr = -1;
+  try {
+    train::validate_config(changed);
+    FAIL("a negative lr set in code passed");
+  } catch (const ConfigError& e) {
+    CHECK_THAT(e.what(), Contains("test.yaml (as changed in code): key 'optim.lr': must be > 0, got -1"));
+  }
+  changed = loaded;
+  changed.optim.name = "sdg";
+  CHECK_THROWS_WITH(train::validate_config(changed), Contains("key 'optim.name'") && Contains("sdg"));
+  changed = loaded;
+  changed.data.mean = {0.5, 0.5};  // a rule between keys: as many std entries as mean entries
+  changed.data.std = {0.5};
+  CHECK_THROWS_WITH(train::validate_config(changed), Contains("data.mean") && Contains("data.std"));
+
+  Config built;  // no file at all
+  built.model.name = "resnet18";
+  built.data.root = "/d";
+  built.trainer.global_batch = 8;
+  built.trainer.epochs = 1;
+  CHECK_NOTHROW(train::validate_config(built));
+  built.trainer.global_batch = 0;
+  CHECK_THROWS_WITH(train::validate_config(built),
+                    Contains("<config built in code>: key 'trainer.global_batch': must be in [1, 16777216], got 0"));
+  built.trainer.global_batch = 8;
+  built.model.name.clear();
+  CHECK_THROWS_WITH(train::validate_config(built), Contains("<config built in code>: key 'model.name'"));
+}
+
 TEST_CASE("config_changes names each key that differs with what the change means on resume", "[config]") {
   const Config before =
       parse_config("model: {name: resnet18}\ndata: {root: here}\ntrainer: {global_batch: 32, epochs: 1}\n", "a.yaml");

@@ -9,6 +9,7 @@
 
 #include "train/amp.h"
 #include "train/config.h"
+#include "train/errors.h"
 #include "train/models/model.h"
 #include "train/probe.h"
 
@@ -338,6 +339,33 @@ TEST_CASE("probe options are validated", "[probe]") {
   CHECK_THROWS_AS(probe_memory(*model, options, {4}), std::invalid_argument);
   options = small_resnet_options("mps");
   CHECK_THROWS_AS(probe_throughput(*model, options, {4}), std::invalid_argument);
+}
+
+// The probe is the first code to run a program's own model: its errors say what the probe was doing.
+TEST_CASE("a model that does not fit the data fails the probe with what was being measured", "[probe]") {
+  auto model = small_resnet();  // 10 logits, 1-channel input
+  const ModelSnapshot before(*model);
+  SECTION("fewer logits than classes") {
+    ProbeOptions options = small_resnet_options("cpu");
+    options.num_classes = 20;
+    CHECK_THROWS_WITH(probe_memory(*model, options, {4}),
+                      Catch::Contains("measuring the plan's memory (a training step of the model on a random batch "
+                                      "of shape [4, 1, 16, 16] on cpu)") &&
+                          Catch::Contains("the model's output has shape [4, 10], but the data has 20 classes"));
+  }
+  SECTION("an input the model does not take") {
+    ProbeOptions options = small_resnet_options("cpu");
+    options.input_shape = {3, 16, 16};  // the stem takes one channel
+    try {
+      probe_memory(*model, options, {2});
+      FAIL("the probe ran a 1-channel model on 3-channel input");
+    } catch (const Error& e) {
+      CHECK_THAT(e.what(), Catch::Contains("measuring the plan's memory (a training step of the model on a random "
+                                           "batch of shape [2, 3, 16, 16] on cpu) failed: "));
+      CHECK_THAT(e.what(), !Catch::Contains("Exception raised from"));  // no C++ backtrace
+    }
+  }
+  CHECK(ModelSnapshot(*model) == before);  // the failed probe put the model back as it was
 }
 
 TEST_CASE("probe_memory on CUDA: prediction, out-of-memory points, state restored", "[probe][cuda]") {

@@ -530,6 +530,15 @@ TEST_CASE("fit: stopping and resuming gives the same weights as an uninterrupted
   CHECK(steps_a.size() == 12);
   CHECK(steps_b == steps_a);
   CHECK(read_text(metrics_b).find("\"tr\n") == std::string::npos);
+  // The finished run resumed once more: no step runs, and the result names the checkpoint it holds.
+  {
+    RunParts again = prepare_run(c);
+    Trainer b3(c, full.plan, again.model, again.train, nullptr, dir_b);
+    const FitResult done = b3.fit("auto");
+    CHECK(done.resumed_from_step == 48);
+    CHECK(done.steps == 48);
+    CHECK(done.last_checkpoint == checkpoint_path(files::join(dir_b, "checkpoints"), 48));
+  }
   files::remove_all(dir_a);
   files::remove_all(dir_b);
 }

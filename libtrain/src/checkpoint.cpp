@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <thread>
 #include <torch/torch.h>
@@ -665,7 +666,6 @@ std::string checkpoint_path(const std::string& dir, int64_t step) {
   return files::join(dir, name);
 }
 
-namespace {
 using detail::checkpoint_step;
 
 // Oldest first, by step: the names are padded to 8 digits, so past step 99,999,999 their text
@@ -681,16 +681,21 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
   for (const auto& [step, name] : found) out.push_back(files::join(dir, name));
   return out;
 }
-}  // namespace
 
 std::string latest_checkpoint(const std::string& dir) {
+  // A run looks for its checkpoint more than once (the CLI's checks, fit_in_run_dir, the trainer):
+  // each damaged file is reported once per process, not at every look.
+  static std::mutex reported_mutex;
+  static std::set<std::string> reported;
   const auto all = list_checkpoints(dir);
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     try {
       open_archive(*it);
       return *it;
     } catch (const CheckpointError& e) {
-      log::warn(std::string("skipping checkpoint: ") + e.what());
+      const std::string message = std::string("skipping checkpoint: ") + e.what();
+      std::lock_guard<std::mutex> lock(reported_mutex);
+      if (reported.insert(message).second) log::warn(message);
     }
   }
   return "";

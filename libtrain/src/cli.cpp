@@ -230,6 +230,13 @@ int cmd_eval(const CommonArgs& args, const std::string& checkpoint) {
 // names (torchvision's for ResNet), loadable with safetensors.torch.load_file + load_state_dict.
 int cmd_export(const std::string& checkpoint, const std::string& format, const std::string& out) {
   if (format != "safetensors") throw UsageError("--format " + format + ": the only export format is safetensors");
+  // Checked before the checkpoint is read, so that the error names OUT, not the temporary file.
+  if (files::is_directory(out)) {
+    throw UsageError(out + ": is a directory; give the file to write, e.g. " + files::join(out, "model.safetensors"));
+  }
+  if (!files::is_directory(files::parent(out))) {
+    throw UsageError(out + ": directory " + files::parent(out) + " does not exist");
+  }
   const TensorMap weights = read_checkpoint_weights(checkpoint);
   Metadata metadata{{"format", "pt"}, {"producer", "train export"}, {"source", files::filename(checkpoint)}};
   write_safetensors(out, weights, metadata);

@@ -994,7 +994,8 @@ class ConfigBuilder {
     config_.source = source_;
   }
 
-  void apply_document(const std::string& text);
+  // `positions` false: errors name the source without a line (a document written by to_yaml).
+  void apply_document(const std::string& text, bool positions = true);
   void apply_override(const std::string& assignment);
   Config validated() const;
 
@@ -1084,8 +1085,8 @@ std::optional<std::pair<YAML::Mark, std::string>> find_stalled_yaml(const std::s
                                                                           : std::string("character")));
 }
 
-void ConfigBuilder::apply_document(const std::string& text) {
-  const Origin origin{source_, true};
+void ConfigBuilder::apply_document(const std::string& text, bool positions) {
+  const Origin origin{source_, positions};
   std::vector<YAML::Node> documents;
   if (const auto stalled = find_stalled_yaml(text))
     throw ConfigError(origin.at(stalled->first) + ": invalid YAML: " + stalled->second);
@@ -1367,6 +1368,14 @@ std::string locate_config_error(const Config& config, const std::string& message
 
 std::string locate_data_error(const Config& config, const std::string& message) {
   return message.compare(0, 5, "key '") == 0 ? locate_config_error(config, message) : message;
+}
+
+void validate_config(const Config& config) {
+  // The checks parse_config applies, run on the config's own values as to_yaml writes them (which
+  // parse_config reads back exactly). A config that came from a file passes unless code changed it.
+  ConfigBuilder builder(config.source.empty() ? "<config built in code>" : config.source + " (as changed in code)");
+  builder.apply_document(to_yaml(config), /*positions=*/false);
+  (void)builder.validated();
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {

@@ -208,7 +208,7 @@ FitReport train_in_run_dir(const Config& config, RunParts& run, const std::strin
              target.rfind("events.out.tfevents.", 0) == 0;
     });
     // Another run may have checkpointed here between check_fit_options and the lock.
-    if (resume_path.empty() && !latest_checkpoint(files::join(run_dir, "checkpoints")).empty()) {
+    if (resume_path.empty() && !list_checkpoints(files::join(run_dir, "checkpoints")).empty()) {
       throw UsageError("run directory " + run_dir + " now holds checkpoints (another run wrote them); pass --resume "
                        "auto to continue it, or --run-dir to start a new run");
     }
@@ -221,7 +221,8 @@ FitReport train_in_run_dir(const Config& config, RunParts& run, const std::strin
       detail::write_text_atomically(files::join(run_dir, "plan.json"), run.plan.to_json() + "\n");
     }
     log::info("run directory " + run_dir);
-    log::info(run.model->name() + ": " + std::to_string(run.plan.model_params) + " parameters; train " +
+    // The registry's name (a program's own model's too), not the C++ type's.
+    log::info("model " + config.model.name + ": " + std::to_string(run.plan.model_params) + " parameters; train " +
               run.train->describe() + "; val " + (run.val ? run.val->describe() : std::string("none")));
     std::istringstream plan_text(run.plan.to_text());
     for (std::string line; std::getline(plan_text, line);) log::info(line);
@@ -299,9 +300,19 @@ void check_fit_options(const Config& config, const FitOptions& options) {
   if (options.run_dir.empty()) throw UsageError("no run directory given (FitOptions::run_dir, --run-dir)");
   check_runs_here(config);
   check_run_dir(options.run_dir);
-  if (options.resume.empty() && !latest_checkpoint(files::join(options.run_dir, "checkpoints")).empty()) {
+  // Checkpoints are never overwritten by a new run, not even damaged ones: a file that does not
+  // open here may be a copy still arriving, or the only trace of the run's progress.
+  const std::string ckpt_dir = files::join(options.run_dir, "checkpoints");
+  const std::vector<std::string> existing = list_checkpoints(ckpt_dir);
+  if (options.resume.empty() && !existing.empty()) {
     throw UsageError("run directory " + options.run_dir + " already holds checkpoints; pass --resume auto to "
                      "continue it, or --run-dir to start a new run");
+  }
+  if (options.resume == "auto" && !existing.empty() && latest_checkpoint(ckpt_dir).empty()) {
+    throw CheckpointError(log::str("--resume auto: none of the ", existing.size(), " checkpoint(s) in ", ckpt_dir,
+                                   " can be read (each is named in a warning above), so the run cannot continue; "
+                                   "nothing was changed. Move them out of the way to start this run over, or use "
+                                   "--run-dir to start a new run"));
   }
   if (!options.resume.empty() && options.resume != "auto" && !files::exists(options.resume)) {
     throw CheckpointError(options.resume + ": checkpoint file does not exist (--resume)");

@@ -15,6 +15,8 @@
 
 #include "compat.h"
 #include "train/amp.h"
+#include "train/errors.h"
+#include "train/log.h"
 #include "train/optim.h"
 
 #ifdef TRAIN_WITH_CUDA
@@ -24,6 +26,13 @@
 
 namespace train {
 namespace {
+
+// "2, 3, 224, 224"
+std::string join_sizes(c10::IntArrayRef sizes) {
+  std::string out;
+  for (size_t i = 0; i < sizes.size(); ++i) out += (i ? ", " : "") + std::to_string(sizes[i]);
+  return out;
+}
 
 // ---- Counting CPU allocator -----------------------------------------------------------------
 
@@ -284,6 +293,12 @@ class ProbeSession {
             ? model_.forward_selected(input_, torch::rand(input_.sizes(), torch::TensorOptions().device(device_))
                                                   .lt(options_.target_fraction))
             : model_.forward(input_);
+    if (logits.dim() < 1 || logits.size(-1) < options_.num_classes) {
+      // (More logits than classes trains, if wastefully; fewer fails at the first target beyond.)
+      throw Error(log::str("the model's output has shape [", join_sizes(logits.sizes()), "], but the data has ",
+                           options_.num_classes, " classes: a model's forward must return logits whose last "
+                           "dimension is the number of classes"));
+    }
     const torch::Tensor target =
         torch::randint(options_.num_classes, logits.sizes().slice(0, logits.dim() - 1),
                        torch::TensorOptions().dtype(torch::kLong).device(device_));
@@ -348,13 +363,24 @@ class MemoryMeter {
 
 // Runs `measure`; on running out of device memory returns false after returning the cached blocks
 // to the device. By then unwinding has destroyed the session, so the cache holds all of its memory.
+// The other errors of the model's or the optimizer's code (a shape that does not fit, a dtype
+// the model does not take) come out with what the probe was doing: this is the first time the
+// plan runs a program's own model, before any data is read.
 template <typename Measure>
-bool fits_in_memory(const torch::Device& device, Measure&& measure) {
+bool fits_in_memory(const torch::Device& device, int64_t batch, const ProbeOptions& options, Measure&& measure) {
+  const auto doing = [&] {
+    std::vector<int64_t> shape{batch};
+    shape.insert(shape.end(), options.input_shape.begin(), options.input_shape.end());
+    return log::str("measuring the plan's memory (a training step of the model on a random batch of shape [",
+                    join_sizes(shape), "] on ", device.str(), ")");
+  };
   try {
     measure();
     return true;
+  } catch (const Error& e) {
+    throw Error(doing() + ": " + e.what(), e.exit_code());
   } catch (const c10::Error& e) {
-    if (!is_out_of_memory(e)) throw;
+    if (!is_out_of_memory(e)) throw Error(doing() + " failed: " + e.what_without_backtrace());
 #ifdef TRAIN_WITH_CUDA
     if (device.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
 #else
@@ -434,7 +460,7 @@ MemoryFit probe_memory(models::Model& model, const ProbeOptions& options, const 
   for (const int64_t batch : batches) {
     ProbePoint point;
     point.batch = batch;
-    point.oom = !fits_in_memory(device, [&] {
+    point.oom = !fits_in_memory(device, batch, options, [&] {
       ProbeSession session(model, options, device, batch);
       for (int i = 0; i < options.warmup_steps; ++i) session.step();
       meter.reset_peak();
@@ -464,7 +490,7 @@ std::vector<ProbePoint> probe_throughput(models::Model& model, const ProbeOption
   for (const int64_t batch : batches) {
     ProbePoint point;
     point.batch = batch;
-    point.oom = !fits_in_memory(device, [&] {
+    point.oom = !fits_in_memory(device, batch, options, [&] {
       ProbeSession session(model, options, device, batch);
       for (int i = 0; i < options.warmup_steps; ++i) session.step();
       synchronize(device);

@@ -452,6 +452,15 @@ void check_init_from(const Config& config, const models::Model& model) {
 
 namespace {
 
+// The input a config describes on its own, for planning where the data is not (train plan on
+// another machine): token sequences of data.seq_len, or model.in_channels images of
+// data.image_size; empty when the config does not say (an image set's own size).
+std::vector<int64_t> described_input_shape(const Config& config) {
+  if (config.data.kind == "tokens" || config.data.kind == "tsv") return {config.data.seq_len};
+  if (config.data.image_size > 0) return {config.model.in_channels, config.data.image_size, config.data.image_size};
+  return {};
+}
+
 models::ModelPtr model_for_data_unlocated(const Config& config, const data::Dataset& train) {
   const std::vector<int64_t> shape = train.input_shape();
   if (shape.size() == 3 && shape[0] != config.model.in_channels) {
@@ -550,10 +559,15 @@ RunParts prepare_run_unlocated(const Config& config, const RunOptions& options) 
     shape = r.train->input_shape();
     num_classes = r.train->num_classes();
   } catch (const DataError& e) {
-    if (!options.data_optional || config.data.image_size <= 0) throw;
-    shape = {config.model.in_channels, config.data.image_size, config.data.image_size};
-    log::warn("data not readable here (" + locate_data_error(config, e.what()) + "); planning for input " +
-              std::to_string(shape[0]) + "x" + std::to_string(shape[1]) + "x" + std::to_string(shape[2]) +
+    if (!options.data_optional) throw;
+    shape = described_input_shape(config);
+    if (shape.empty()) {
+      throw DataError(std::string(e.what()) + "; to plan without the data, set data.image_size (the input's height "
+                      "and width; with model.in_channels, the input's shape)", e.exit_code());
+    }
+    std::string input = shape.size() == 1 ? "sequences of " + std::to_string(shape[0]) + " tokens" : "";
+    for (size_t i = 0; shape.size() > 1 && i < shape.size(); ++i) input += (i ? "x" : "") + std::to_string(shape[i]);
+    log::warn("data not readable here (" + locate_data_error(config, e.what()) + "); planning for input " + input +
               " from the config");
   }
   const double data_ms = lap();
@@ -657,6 +671,7 @@ RunParts prepare_run_unlocated(const Config& config, const RunOptions& options) 
 }  // namespace
 
 RunParts prepare_run(const Config& config, const RunOptions& options) {
+  validate_config(config);  // a config built or changed in code gets the file's checks
   try {
     return prepare_run_unlocated(config, options);
   } catch (const ConfigError& e) {

@@ -991,6 +991,8 @@ FitResult Trainer::fit(const std::string& resume) {
   if (!resume_path.empty()) {
     const TrainState st = s.restore(resume_path);
     result.resumed_from_step = s.step;
+    // The newest checkpoint until this call writes one (a finished run resumed writes none).
+    if (!ckpt_dir.empty()) result.last_checkpoint = resume_path;
     log::info(log::str("resumed from ", resume_path, " at step ", s.step, " (epoch ", st.epoch, ", batch ",
                        st.batch_in_epoch, ")"));
     if (!ckpt_dir.empty() && s.plan.rank == 0) {

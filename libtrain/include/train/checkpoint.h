@@ -85,8 +85,11 @@ std::map<std::string, torch::Tensor> read_checkpoint_weights(const std::string& 
 // "<dir>/step_00000123.pt" naming. latest_checkpoint: the newest checkpoint in dir that passes its
 // checksum (the "<file>.crc32c" sidecar written with it) and opens; corrupt or truncated ones are
 // skipped with a warning naming them. "" if none.
+// A damaged file is reported once per process. list_checkpoints: every "step_*.pt" file in dir,
+// readable or not, oldest first.
 std::string checkpoint_path(const std::string& dir, int64_t step);
 std::string latest_checkpoint(const std::string& dir);
+std::vector<std::string> list_checkpoints(const std::string& dir);
 // Deletes periodic checkpoints beyond the newest `keep` (never `protect`).
 void prune_checkpoints(const std::string& dir, int64_t keep, const std::string& protect);
 // Moves the checkpoints of dir newer than `step` (with their checksums) into dir/abandoned/ and

@@ -61,7 +61,8 @@ struct ModelConfig {
 };
 
 struct DataConfig {
-  std::string kind = "idx";      // idx | synthetic | image_folder | tokens | tsv
+  // idx | synthetic | image_folder | tokens | tsv | custom (the program's own datasets, RunOptions)
+  std::string kind = "idx";
   std::string root;              // directory with the dataset files (idx, image_folder)
   std::string train_images = "train-images-idx3-ubyte";   // file stems; ".gz" is tried too
   std::string train_labels = "train-labels-idx1-ubyte";
@@ -226,6 +227,11 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 // Same, from YAML text. `source_name` is used in error messages.
 Config parse_config(const std::string& yaml_text, const std::string& source_name,
                     const std::vector<std::string>& overrides = {});
+
+// Applies parse_config's checks to a Config built or changed in code: every key's type, range and
+// allowed values, and the rules between keys. Throws ConfigError naming the key ("<config built in
+// code>: key 'optim.lr': must be > 0, got -1"). prepare_run calls it first.
+void validate_config(const Config& config);
 
 // Locates an error found after parsing (by the dataset factory, the model registry, the plan):
 // a message that starts with "key 'PATH': " or with a key path ("data.image_size is ...") gets

@@ -65,8 +65,9 @@ class StopSignals {
 
 struct FitOptions {
   std::string run_dir;  // created when missing (with its parents)
-  // "": a fresh start (refused when run_dir already holds checkpoints); "auto": the newest
-  // checkpoint in run_dir/checkpoints, or a fresh start when there is none; else a checkpoint file.
+  // "": a fresh start (refused when run_dir already holds checkpoints, readable or not); "auto":
+  // the newest checkpoint in run_dir/checkpoints that reads back, or a fresh start when there is
+  // none at all (CheckpointError when there are some but none reads back); else a checkpoint file.
   std::string resume;
   // Install StopSignals (trainer.stop_grace_s) for the run. Off: the program's own handlers stay,
   // and it may call Trainer::request_stop itself from on_trainer.
@@ -87,8 +88,9 @@ struct FitReport {
 };
 
 // What can be checked before the data is read (which may take minutes): run_dir is a directory or
-// can be created, a fresh start would not overwrite checkpoints, a resume file exists, and the
-// config runs on this machine (check_runs_here). Throws UsageError, CheckpointError, ConfigError.
+// can be created, a fresh start would not overwrite checkpoints, --resume auto has a readable one
+// where there are checkpoints, a resume file exists, and the config runs on this machine
+// (check_runs_here). Throws UsageError, CheckpointError, ConfigError.
 // fit_in_run_dir checks it again.
 void check_fit_options(const Config& config, const FitOptions& options);
 

@@ -37,8 +37,8 @@ struct RunOptions {
   // and loader workers per rank (`train plan --local-world-size M`); 0 = all of them (one host).
   int64_t plan_local_world_size = 0;
   // Plan only, for data that need not be on this machine (`train plan`): the input shape then
-  // comes from the config (model.in_channels x data.image_size^2) when the data is not readable,
-  // train/val stay null, and the schedule length is known only from trainer.max_steps.
+  // comes from the config when the data is not readable (data.seq_len tokens for tokens and tsv,
+  // else model.in_channels x data.image_size^2; DataError when that is 0), train/val stay null, and the schedule length is known only from trainer.max_steps.
   // tuning.device (another device's profile) is accepted only here.
   bool data_optional = false;
   // A program's own datasets (classes derived from data::Dataset), used instead of building them
@@ -49,11 +49,19 @@ struct RunOptions {
   data::DatasetPtr val_data;
 };
 
-// Seeds LibTorch's generator from trainer.seed before building the model, so that the
-// initial weights are reproducible. Reads the data files (DataError on bad input). A ConfigError
-// names the file and line (or --set) where the offending key was set. Refuses tuning.device
-// unless data_optional (check_runs_here), and datasets from the program unless data.kind is
-// custom.
+// First checks the config as load_config checks a file (validate_config), so a Config built or
+// changed in code is held to the same rules. Seeds LibTorch's generator from trainer.seed before
+// building the model, so that the initial weights are reproducible. Reads the data files
+// (DataError on bad input). A ConfigError names the file and line (or --set) where the offending
+// key was set. Refuses tuning.device unless data_optional (check_runs_here), and datasets from
+// the program unless data.kind is custom.
+//
+// Process-wide effects, as for `train fit`: the plan's intra-op thread count, TF32 and cuDNN
+// benchmark settings are applied (apply_plan_globals: the probe measures under them) and stay
+// applied; a measured plan is stored in the plan cache (tuning.cache_dir; by default
+// $XDG_CACHE_HOME/train/plans or ~/.cache/train/plans), whatever the run directory. An error in
+// the program's own model or dataset met while the probe runs it comes as a train::Error that
+// says what the probe was doing.
 RunParts prepare_run(const Config& config, const RunOptions& options);
 inline RunParts prepare_run(const Config& config) { return prepare_run(config, RunOptions{}); }
 

@@ -27,12 +27,12 @@ struct EvalResult {
 struct FitResult {
   int64_t steps = 0;             // optimizer steps completed in total (including resumed ones)
   int64_t resumed_from_step = 0;
-  double train_loss = 0;         // mean loss of the last logging window
+  double train_loss = 0;         // mean loss of the last logging window (0 when this call ran no step)
   EvalResult val;                // final evaluation (samples == 0 when there is no val set)
   double seconds = 0;            // wall time of this fit() call
   double data_wait_fraction = 0; // time blocked on the loader / wall time of the training loop
   int64_t loader_workers = 0;    // at the end: the plan's, or more if the loader starved the step
-  std::string last_checkpoint;   // "" when no run directory
+  std::string last_checkpoint;   // the newest one written, or else resumed from; "" when no run directory
   // data.on_error skip: training samples this rank replaced because they failed to load, each once
   // per epoch, over the whole run: a resumed run counts those before its checkpoint too.
   int64_t skipped_samples = 0;

@@ -67,8 +67,16 @@ class BertLayer : public torch::nn::Module {
   // layer makes it, the others reuse it.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& keep, torch::Tensor& mask) {
     const int64_t b = x.size(0), t = x.size(1);
-    auto split = [&](const torch::Tensor& y) { return y.view({b, t, heads_, head_dim_}).transpose(1, 2); };
-    const auto q = split(query_(x)), k = split(key_(x)), v = split(value_(x));
+    // Query, key and value in one projection: one GEMM three times as wide instead of three, one
+    // autocast cast of x instead of three, and in the backward one GEMM for x's gradient instead of
+    // three plus the two adds that summed them. The parameters stay three (Hugging Face's names
+    // and shapes); concatenating them costs a copy of 3 H^2 values per step.
+    const auto qkv = torch::nn::functional::linear(x, torch::cat({query_->weight, key_->weight, value_->weight}),
+                                                   torch::cat({query_->bias, key_->bias, value_->bias}));
+    // [B, T, 3H] -> [3, B, heads, T, head_dim]: views, each head's values contiguous (as SDPA's
+    // kernels want them).
+    const auto heads = qkv.view({b, t, 3, heads_, head_dim_}).permute({2, 0, 3, 1, 4});
+    const auto q = heads[0], k = heads[1], v = heads[2];
     const double p = is_training() ? attention_dropout_ : 0.0;
     if (keep.defined() && !mask.defined()) mask = additive_mask(keep, q.scalar_type());
     torch::Tensor context;

@@ -55,7 +55,8 @@ class Model : public torch::nn::Module {
 using ModelPtr = std::shared_ptr<Model>;
 using ModelBuilder = std::function<ModelPtr(const ModelConfig&)>;
 
-// Registry. Built-in models are registered on first use; users may add their own.
+// Registry. Built-in models are registered on first use; users may add their own. A name that is
+// registered already (a built-in one too) gets the new builder: the last registration wins.
 void register_model(const std::string& name, ModelBuilder builder, const std::string& summary);
 ModelPtr make_model(const ModelConfig& config);  // throws ConfigError for an unknown name
 std::vector<std::string> model_names();
