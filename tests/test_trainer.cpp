@@ -8,6 +8,7 @@
 #include <train/errors.h>
 #include <train/files.h>
 #include <train/log.h>
+#include <train/metrics.h>
 #include <train/models/bert.h>
 #include <train/models/model.h>
 #include <train/optim.h>
@@ -31,6 +32,7 @@
 #include <thread>
 #include <sys/resource.h>
 #include <unistd.h>
+#include <variant>
 
 using namespace train;
 
@@ -405,6 +407,8 @@ TEST_CASE("fit: a short ResNet run on synthetic data lowers the loss and writes 
   RunParts run = prepare_run(c);
   apply_plan_globals(run.plan);
   Trainer trainer(c, run.plan, run.model, run.train, run.val, dir);
+  std::vector<std::string> heard;  // what a program linking train sees of the run
+  trainer.on_metrics([&heard](const MetricRecord& r) { heard.push_back(r.to_json()); });
   const EvalResult before = trainer.evaluate();
   const FitResult result = trainer.fit();
   CHECK(result.steps == 24);
@@ -432,7 +436,9 @@ TEST_CASE("fit: a short ResNet run on synthetic data lowers the loss and writes 
   std::ifstream metrics(files::join(dir, "metrics.jsonl"));
   std::string line;
   int train_lines = 0, val_lines = 0;
+  std::vector<std::string> written;
   while (std::getline(metrics, line)) {
+    written.push_back(line);
     if (line.find("\"split\":\"train\"") != std::string::npos) {
       ++train_lines;
       for (const char* key : {"\"step\"", "\"epoch\"", "\"loss\"", "\"lr\"", "\"samples_per_s\""}) {
@@ -446,8 +452,57 @@ TEST_CASE("fit: a short ResNet run on synthetic data lowers the loss and writes 
   }
   CHECK(train_lines == 6);
   CHECK(val_lines == 6);  // one per epoch
+  CHECK(heard == written);  // the listener got every row, in the file's order
   CHECK(files::exists(result.last_checkpoint));
   files::remove_all(dir);
+}
+
+TEST_CASE("fit: metrics listeners hear every row of a run without a run directory, in order", "[trainer]") {
+  register_tiny_mlp();
+  Config c = synthetic_config();
+  c.trainer.max_steps = 5;
+  c.logging.every_steps = 2;
+  RunParts run = prepare_run(c);
+  Trainer trainer(c, run.plan, run.model, run.train, run.val, "");
+  std::vector<std::string> order;
+  std::vector<int64_t> train_steps;
+  int64_t val_rows = 0;
+  trainer.on_metrics([&](const MetricRecord& r) {
+    order.push_back("first");
+    std::map<std::string, MetricRecord::Value> fields(r.fields().begin(), r.fields().end());
+    REQUIRE(fields.count("split") == 1);
+    if (std::get<std::string>(fields["split"]) == "train") {
+      train_steps.push_back(std::get<int64_t>(fields["step"]));
+      CHECK(std::isfinite(std::get<double>(fields["loss"])));
+      CHECK(std::get<double>(fields["lr"]) == Approx(0.1));
+    } else {
+      ++val_rows;
+      CHECK(std::get<int64_t>(fields["samples"]) == 64);
+    }
+  });
+  trainer.on_metrics([&](const MetricRecord&) { order.push_back("second"); });
+  trainer.on_metrics(nullptr);  // ignored
+  const FitResult result = trainer.fit();
+  CHECK(result.steps == 5);
+  CHECK(train_steps == std::vector<int64_t>{2, 4, 5});  // every 2 steps, and the last
+  CHECK(val_rows == 1);                                  // the final evaluation
+  REQUIRE(order.size() == 8);
+  for (size_t i = 0; i < order.size(); ++i) CHECK(order[i] == (i % 2 == 0 ? "first" : "second"));
+}
+
+TEST_CASE("fit: what a metrics listener throws ends fit() with that error", "[trainer]") {
+  register_tiny_mlp();
+  Config c = synthetic_config();
+  c.trainer.max_steps = 4;
+  c.logging.every_steps = 1;
+  RunParts run = prepare_run(c);
+  Trainer trainer(c, run.plan, run.model, run.train, nullptr, "");
+  int64_t calls = 0;
+  trainer.on_metrics([&calls](const MetricRecord&) {
+    if (++calls == 2) throw std::runtime_error("dashboard went away");
+  });
+  CHECK_THROWS_WITH(trainer.fit(), Catch::Contains("dashboard went away"));
+  CHECK(calls == 2);
 }
 
 TEST_CASE("fit: stopping and resuming gives the same weights as an uninterrupted run", "[trainer][resume]") {

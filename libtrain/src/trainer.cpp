@@ -244,6 +244,13 @@ struct Trainer::Impl {
     double waited = 0;
   } starving;
   MetricsSink metrics;
+  std::vector<MetricsListener> metrics_listeners;  // rank 0's
+  // A record for metrics.jsonl / TensorBoard (rank 0's run directory) and the listeners.
+  void record(const MetricRecord& r) {
+    metrics.write(r);
+    if (plan.rank != 0) return;
+    for (const auto& listener : metrics_listeners) listener(r);
+  }
   std::atomic<bool> stop{false};
   // A graceful stop skipped the evaluation due at `step`: the resumed run does it first.
   bool eval_pending = false;
@@ -883,6 +890,9 @@ const Plan& Trainer::plan() const { return impl_->plan; }
 models::Model& Trainer::model() { return *impl_->model; }
 void Trainer::request_stop() { impl_->stop.store(true); }
 void Trainer::on_out_of_memory(OomListener listener) { impl_->on_oom = std::move(listener); }
+void Trainer::on_metrics(MetricsListener listener) {
+  if (listener) impl_->metrics_listeners.push_back(std::move(listener));
+}
 
 EvalResult Trainer::evaluate() {
   auto& s = *impl_;
@@ -1078,7 +1088,7 @@ FitResult Trainer::fit(const std::string& resume) {
         .add("accuracy", ev.accuracy);
     if (ev.has_top5) r.add("top5", ev.top5);
     r.add("samples", ev.samples);
-    s.metrics.write(r);
+    s.record(r);
     return ev;
   };
 
@@ -1340,7 +1350,7 @@ FitResult Trainer::fit(const std::string& resume) {
           .add("data_wait_ms", 1000.0 * waited / window_steps)
           .add("peak_memory_mib", peak_memory_mib(s.device.str()));
       if (s.plan.loss_scaling) r.add("loss_scale", s.scaler->get_scale());
-      s.metrics.write(r);
+      s.record(r);
       s.adapt_workers(elapsed, waited, window_steps);
       new_window();
       step_time.reset();

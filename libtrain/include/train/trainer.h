@@ -13,6 +13,8 @@
 
 namespace train {
 
+class MetricRecord;  // train/metrics.h
+
 struct EvalResult {
   double loss = 0;
   double accuracy = 0;   // top-1, in [0, 1]
@@ -57,6 +59,15 @@ struct FitResult {
 // failed and the one it continues with (for the plan cache).
 using OomListener = std::function<void(int64_t failed_micro_batch, int64_t new_micro_batch)>;
 
+// Called with each metrics record the run produces, as metrics.jsonl gets it (with or without a
+// run directory): a training row every logging.every_steps steps ("split": "train", with step,
+// epoch, loss, lr, samples_per_s, step_time_ms, data_wait_ms, peak_memory_mib, and loss_scale
+// under loss scaling) and one per evaluation ("split": "val", with loss, accuracy, top5 when
+// there are more than five classes, samples). The values are the global batch's: in a
+// data-parallel run it is called on rank 0 only. It runs on the training thread between steps, so
+// it should be quick; what it throws ends fit().
+using MetricsListener = std::function<void(const MetricRecord& record)>;
+
 class Trainer {
  public:
   // `run_dir` receives metrics.jsonl, a TensorBoard event file and checkpoints/ ("" keeps
@@ -87,6 +98,8 @@ class Trainer {
   // handler's flag-polling thread.
   void request_stop();
   void on_out_of_memory(OomListener listener);
+  // Another listener for the records (metrics.h); each one added is called, in order.
+  void on_metrics(MetricsListener listener);
 
   const Plan& plan() const;
   models::Model& model();
