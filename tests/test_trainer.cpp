@@ -968,6 +968,38 @@ TEST_CASE("checkpoint.best: best.pt is the step checkpoint of the best evaluatio
   files::remove_all(split);
 }
 
+TEST_CASE("checkpoint.best: a best.json whose best.pt is gone does not stop the next evaluations from keeping one",
+          "[trainer][checkpoint][resume]") {
+  Config c = best_by_loss(6, 1);
+  c.trainer.max_steps = 4;
+  c.logging.tensorboard = false;
+  const std::string dir = temp_dir("best_missing");
+  const std::string checkpoints = files::join(dir, "checkpoints");
+  {
+    RunParts run = prepare_run(c);
+    Trainer t(c, run.plan, run.model, run.train, run.val, dir);
+    REQUIRE(t.fit().best_step > 0);
+  }
+  files::remove_file(best_checkpoint_path(checkpoints));
+  files::remove_file(best_checkpoint_path(checkpoints) + ".crc32c");
+  // Continued for 2 more steps: the first evaluation of the resumed run is the best one there is.
+  c.trainer.max_steps = 6;
+  FitResult resumed;
+  const std::string log = logged_while([&] {
+    RunParts run = prepare_run(c);
+    Trainer t(c, run.plan, run.model, run.train, run.val, dir);
+    resumed = t.fit("auto");
+  });
+  CHECK_THAT(log, Catch::Contains("best.pt is missing: the next evaluation replaces both"));
+  CHECK(resumed.best_step >= 5);
+  CHECK(resumed.best_checkpoint == best_checkpoint_path(checkpoints));
+  REQUIRE(files::exists(resumed.best_checkpoint));
+  RunParts run = prepare_run(c);
+  CHECK(load_checkpoint(resumed.best_checkpoint, *run.model, nullptr).step == resumed.best_step);
+  CHECK(read_best_checkpoint(checkpoints)->step == resumed.best_step);
+  files::remove_all(dir);
+}
+
 namespace {
 
 std::string file_bytes(const std::string& path) {

@@ -1035,6 +1035,13 @@ FitResult Trainer::fit(const std::string& resume) {
                          ": the next evaluation replaces it"));
       found.reset();
     }
+    if (found && !files::exists(best_checkpoint_path(ckpt_dir))) {
+      // Deleted by hand, or lost with a disk: a record without its file would keep every later
+      // evaluation that is not better from writing one.
+      log::warn(log::str(files::join(ckpt_dir, "best.json"), " names val ", describe_best(*found),
+                         " but ", best_checkpoint_path(ckpt_dir), " is missing: the next evaluation replaces both"));
+      found.reset();
+    }
     if (s.group) {
       const std::vector<double> shared = s.group->reduce_doubles(
           {found ? 1.0 : 0.0, found ? found->value : 0.0, found ? static_cast<double>(found->step) : 0.0},
