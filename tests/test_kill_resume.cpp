@@ -389,6 +389,9 @@ TEST_CASE("temporary files left by killed writes are removed when a run starts i
                                       "step_00000030.pt.bak"};
   for (const auto& name : stale) std::ofstream(files::join(ckpts, name)) << "half a checkpoint";
   for (const auto& name : kept) std::ofstream(files::join(ckpts, name)) << "something";
+  // Checksums whose checkpoints are gone (pruning killed between its two removals).
+  const std::vector<std::string> orphans{"step_00000004.pt.crc32c", "best.pt.crc32c"};
+  for (const auto& name : orphans) std::ofstream(files::join(ckpts, name)) << "crc32c 00000000 bytes 1\n";
   // The run directory's own files (written the same way), and one that is not the run's. A resume
   // rewrites the event files: TensorBoard would read a leftover of one ("tfevents" in its name).
   const std::vector<std::string> stale_top{"config.yaml.tmp." + d, "plan.json.tmp." + d, "metrics.jsonl.tmp." + d,
@@ -405,6 +408,11 @@ TEST_CASE("temporary files left by killed writes are removed when a run starts i
     CHECK_FALSE(files::exists(files::join(ckpts, name)));
     CHECK_THAT(out, Catch::Contains("removed " + files::join(ckpts, name) + ", left by a write that did not finish "
                                     "(pid " + d + ")"));
+  }
+  for (const auto& name : orphans) {
+    CHECK_FALSE(files::exists(files::join(ckpts, name)));
+    CHECK_THAT(out, Catch::Contains("removing " + files::join(ckpts, name) +
+                                    ": the checksum of a checkpoint that is no longer there"));
   }
   for (const auto& name : stale_top) {
     CHECK_FALSE(files::exists(files::join(run_dir, name)));

@@ -729,8 +729,10 @@ void prune_checkpoints(const std::string& dir, int64_t keep, const std::string& 
   const int64_t excess = static_cast<int64_t>(all.size()) - std::max<int64_t>(1, keep);
   for (int64_t i = 0; i < excess; ++i) {
     if (all[i] == protect) continue;
-    files::remove_file(all[i]);
+    // The checksum first: a kill in between leaves a checkpoint that still loads (its ZIP members'
+    // CRCs are checked instead) and that the next pruning removes, never a checksum of nothing.
     if (files::exists(sum_path(all[i]))) files::remove_file(sum_path(all[i]));
+    files::remove_file(all[i]);
   }
 }
 
@@ -738,10 +740,25 @@ std::vector<std::string> remove_stale_checkpoint_temporaries(const std::string& 
   const auto ends_with = [](const std::string& s, const std::string& suffix) {
     return s.size() > suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
   };
-  return detail::remove_stale_temporaries(dir, [&](const std::string& target) {
+  std::vector<std::string> removed = detail::remove_stale_temporaries(dir, [&](const std::string& target) {
     return (target.rfind("step_", 0) == 0 && (ends_with(target, ".pt") || ends_with(target, ".pt.crc32c"))) ||
            target == "best.pt" || target == "best.pt.crc32c" || target == "best.json";
   });
+  // Checksums whose checkpoint is gone (an older version's pruning, killed between the two
+  // removals; a checkpoint deleted by hand): nothing reads them, and a checkpoint written later
+  // under that name must not meet a stale one.
+  const std::string sidecar = ".pt.crc32c";
+  for (const auto& name : files::list_directory(dir)) {
+    const bool checksum = (name.rfind("step_", 0) == 0 || name == "best.pt.crc32c") && ends_with(name, sidecar);
+    if (!checksum) continue;
+    const std::string path = files::join(dir, name);
+    const std::string checkpoint = path.substr(0, path.size() - std::string(".crc32c").size());
+    if (files::exists(checkpoint) || !files::is_regular_file(path)) continue;
+    log::info("removing " + path + ": the checksum of a checkpoint that is no longer there");
+    files::remove_file(path);
+    removed.push_back(path);
+  }
+  return removed;
 }
 
 std::string best_checkpoint_path(const std::string& dir) { return files::join(dir, "best.pt"); }

@@ -120,7 +120,8 @@ bool better_than(const std::string& metric, double value, double best);
 // killed before their rename left in dir, logging each; those of a writer that is still running
 // here (another process writing to the same directory) are kept, with a warning. Files of this
 // process's own pid count as left over: a container may give every restart the same pid, and this
-// is called before the run writes anything. Returns the paths removed.
+// is called before the run writes anything. Checksum sidecars ("step_*.pt.crc32c",
+// "best.pt.crc32c") whose checkpoint is gone are removed too, logged. Returns the paths removed.
 std::vector<std::string> remove_stale_checkpoint_temporaries(const std::string& dir);
 
 }  // namespace train
