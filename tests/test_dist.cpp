@@ -1017,6 +1017,23 @@ TEST_CASE("checkpoint.best on 2 ranks: both rank the evaluations alike, rank 0 k
   files::remove_all(dir);
 }
 
+TEST_CASE("checkpoint.every_minutes on 2 ranks: rank 0's clock decides, and every rank takes part in each checkpoint",
+          "[dist][checkpoint]") {
+  register_test_models();
+  const std::string dir = files::make_temp_directory("train_ddp_minutes_");
+  // 1e-9 minutes: due after every step by rank 0's clock. Rank 1 does not read its own, so it
+  // must learn it from the step's agreement, or it would skip the wait for rank 0's write.
+  const Config config = load_config(write_config(dir, "minutes", "distributed: {timeout_s: 60}\n"),
+                                    {"trainer.max_steps=3", "checkpoint.every_minutes=1e-9", "checkpoint.keep_last=10",
+                                     "tuning.micro_batch=8"});
+  const std::string run_dir = files::join(dir, "run");
+  const auto results = fit_on_two_ranks(config, run_dir, "", [](data::DatasetPtr train) { return train; });
+  CHECK(results[0].steps == 3);
+  CHECK(results[1].steps == 3);
+  CHECK(list_checkpoints(files::join(run_dir, "checkpoints")).size() == 3);
+  files::remove_all(dir);
+}
+
 TEST_CASE("ranks that resume from different steps stop with the reason", "[dist][process][resume]") {
   // Each rank finds its own latest checkpoint: here rank 0's run directory has one and rank 1's
   // is empty, as with run directories that are not shared between hosts.

@@ -867,6 +867,36 @@ TEST_CASE("checkpoint.keep_last: the newest checkpoints stay with their .crc32c 
   CHECK(left_after(8, 2) == files_of({6, 8}));
 }
 
+TEST_CASE("checkpoint.every_minutes: a checkpoint after the first step past the interval, counted from the last one",
+          "[trainer][checkpoint]") {
+  register_tiny_mlp();
+  auto checkpoint_steps = [](double minutes, int64_t every_steps) {
+    const std::string dir = temp_dir("every_minutes");
+    Config c = synthetic_config();
+    c.trainer.max_steps = 4;
+    c.checkpoint.every_minutes = minutes;
+    c.checkpoint.every_steps = every_steps;
+    c.checkpoint.keep_last = 10;
+    c.logging.tensorboard = false;
+    fit_into(c, dir);
+    std::vector<int64_t> steps;
+    for (const auto& path : list_checkpoints(files::join(dir, "checkpoints"))) {
+      RunParts run = prepare_run(c);
+      steps.push_back(load_checkpoint(path, *run.model, nullptr).step);
+    }
+    files::remove_all(dir);
+    return steps;
+  };
+  CHECK(checkpoint_steps(1e-9, 0) == std::vector<int64_t>{1, 2, 3, 4});  // always due
+  CHECK(checkpoint_steps(60, 0) == std::vector<int64_t>{4});             // never due: the final one
+  CHECK(checkpoint_steps(60, 3) == std::vector<int64_t>{3, 4});          // steps and minutes together
+  CHECK(checkpoint_steps(0, 0) == std::vector<int64_t>{4});              // off
+  // In a config: minutes >= 0, and Lightning's name for it points here.
+  CHECK_THROWS_WITH(synthetic_config("checkpoint.every_minutes=-1"), Catch::Contains("checkpoint.every_minutes"));
+  CHECK_THROWS_WITH(parse_config("model: {name: tiny_mlp}\ncheckpoint: {train_time_interval: 5}\n", "t.yaml"),
+                    Catch::Contains("checkpoint.every_minutes"));
+}
+
 namespace {
 
 // 12 steps with an evaluation after each and an LR large enough that the validation loss goes up

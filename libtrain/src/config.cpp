@@ -515,6 +515,12 @@ std::vector<Key> build_schema() {
                  "save a checkpoint every N optimizer steps; 0 = only at the end")
           .at_least(0)
           .at_most(limits::kMaxSteps),
+      checkpoint("every_minutes", &CheckpointConfig::every_minutes,
+                 "also save a checkpoint after the first step that ends this many minutes (wall time, rank 0's "
+                 "clock) after the start or the last checkpoint, whatever the device's speed: what a preemption or "
+                 "a kill can lose; 0 = off")
+          .at_least(0)
+          .at_most(1e6),
       checkpoint("keep_last", &CheckpointConfig::keep_last,
                  "checkpoints kept on disk, the newest ones, the final one counted among them")
           .at_least(1)
@@ -657,6 +663,7 @@ constexpr KeyAlias kKeyAliases[] = {
     {"lr_scheduler", "schedule.name", ""},
     {"save_steps", "checkpoint.every_steps", ""},
     {"save_total_limit", "checkpoint.keep_last", ""},
+    {"train_time_interval", "checkpoint.every_minutes", ""},
     {"metric_for_best_model", "checkpoint.best", "accuracy, top5 or loss (none = off)"},
     {"load_best_model_at_end", "checkpoint.best", "accuracy, top5 or loss: keeps checkpoints/best.pt"},
     {"save_top_k", "checkpoint.best", "accuracy, top5 or loss: keeps checkpoints/best.pt"},

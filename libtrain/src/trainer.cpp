@@ -1133,6 +1133,9 @@ FitResult Trainer::fit(const std::string& resume) {
   window_from_checkpoint();
 
   bool evaluated_at_end = false;
+  // checkpoint.every_minutes: rank 0's clock, from the start of this attempt or its last checkpoint.
+  const double checkpoint_seconds = 60.0 * s.config.checkpoint.every_minutes;
+  auto last_checkpoint_time = Clock::now();
   while (s.step < s.plan.total_steps) {
     s.skip_bad_steps();
     const auto t0 = Clock::now();
@@ -1238,16 +1241,21 @@ FitResult Trainer::fit(const std::string& resume) {
     bool any_oom = !oom.empty();
     bool any_nonfinite = nonfinite || norm_nonfinite;
     int64_t global_targets = step_targets;
+    bool time_checkpoint = checkpoint_seconds > 0 && s.plan.rank == 0 &&
+                           seconds_since(last_checkpoint_time) >= checkpoint_seconds;
     if (s.group) {
       // All ranks take the same decision: a stop request (SIGTERM) may reach one rank only, and
-      // out-of-memory errors and non-finite losses happen on one rank first. The same allreduce
-      // counts the global batch's token targets.
-      const auto agreed = s.group->reduce_ints({stopping ? 1 : 0, any_nonfinite ? 1 : 0, any_oom ? 1 : 0, step_targets},
-                                               dist::ReduceOp::Sum);
+      // out-of-memory errors and non-finite losses happen on one rank first; a checkpoint due by
+      // the time is due by rank 0's clock. The same allreduce counts the global batch's token
+      // targets.
+      const auto agreed = s.group->reduce_ints(
+          {stopping ? 1 : 0, any_nonfinite ? 1 : 0, any_oom ? 1 : 0, step_targets, time_checkpoint ? 1 : 0},
+          dist::ReduceOp::Sum);
       stopping = agreed[0] != 0;
       any_nonfinite = agreed[1] != 0;
       any_oom = agreed[2] != 0;
       global_targets = agreed[3];
+      time_checkpoint = agreed[4] != 0;
     }
     if (s.plan.loss_scaling && !any_oom) {
       // The scaler skips a step whose gradients overflowed and lowers the scale: the cure for an
@@ -1382,7 +1390,7 @@ FitResult Trainer::fit(const std::string& resume) {
     }
     const int64_t every = s.config.checkpoint.every_steps;
     // A new best evaluation gets this step's checkpoint, which then becomes best.pt.
-    const bool checkpoint_due = (every > 0 && s.step % every == 0) || last || stopping || best_due;
+    const bool checkpoint_due = (every > 0 && s.step % every == 0) || last || stopping || best_due || time_checkpoint;
     // Every rank's replaced samples go into rank 0's checkpoint: gathered on every rank, whether
     // or not it has a run directory, since the condition is the same on all of them.
     torch::Tensor skipped;
@@ -1413,6 +1421,7 @@ FitResult Trainer::fit(const std::string& resume) {
                             "distributed.checkpoint_timeout_s");
     }
     window_start += Clock::now() - pause_start;
+    if (checkpoint_due) last_checkpoint_time = Clock::now();
     if (stopping && !last) {
       log::warn(log::str("stop requested: stopped after step ", s.step, "; resume with --resume auto"));
       break;

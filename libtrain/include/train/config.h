@@ -175,6 +175,7 @@ struct PrecisionConfig {
 
 struct CheckpointConfig {
   int64_t every_steps = 0;       // 0 = only at the end
+  double every_minutes = 0;      // also after a step when this long has passed since the last one; 0 = off
   int64_t keep_last = 2;         // periodic checkpoints kept on disk (the final one is always kept)
   std::string best = "none";     // none | accuracy | top5 | loss: keep checkpoints/best.pt by this metric
   std::string async = "auto";    // auto | on | off: write checkpoints on a background thread (the plan decides auto)
