@@ -230,4 +230,17 @@ TEST_CASE("cuda: a model that waits for the GPU in its forward fails to capture 
   CHECK(tried.result.graph_replays == 0);
   CHECK(tried.result.steps == 12);
   check_close(eager.params, tried.params, 1e-5);
+
+  // The failed capture left nothing behind. The default CUDA generator is out of capture mode:
+  // eager dropout draws new masks (a generator left capturing would fail, or repeat the graph's
+  // offsets). And the allocator's routing to the graph's pool is gone: the next capture works.
+  const auto cuda = torch::TensorOptions().device(torch::kCUDA);
+  torch::Tensor first, second;
+  REQUIRE_NOTHROW(first = torch::dropout(torch::ones({4096}, cuda), 0.5, true));
+  REQUIRE_NOTHROW(second = torch::dropout(torch::ones({4096}, cuda), 0.5, true));
+  CHECK_FALSE(first.equal(second));
+  const Outcome next = train_with(graph_config("resnet18", "on", 8), std::make_shared<CountedImages>(kNever, kNever));
+  INFO(next.log);
+  CHECK(next.error.empty());
+  CHECK(next.result.graph_replays == 5);  // 2 eager, 1 on the capture stream, then the capture and replays
 }

@@ -167,6 +167,19 @@ void fused_adamw(const Args&...) {
 }
 #endif
 
+// CUDA-graph capture of the training step (step_graph.cpp): CUDAGraph::capture_begin with a pool
+// and a thread-local capture mode, and Generator::graphsafe_set_state to take the default CUDA
+// generator out of capture mode after a capture that failed half-way, are there from 2.4.
+inline constexpr bool kCudaGraphCapture = TRAIN_TORCH_AT_LEAST(2, 4);
+#if defined(TRAIN_WITH_CUDA) && TRAIN_TORCH_AT_LEAST(2, 4)
+#define TRAIN_CUDA_GRAPHS 1
+#else
+#define TRAIN_CUDA_GRAPHS 0
+#endif
+// A capture also routes pinned host allocations to the graph's pool
+// (HostAllocator::end_allocate_to_pool / release_pool; in 2.11's headers, checked).
+#define TRAIN_HOST_GRAPH_POOLS TRAIN_TORCH_AT_LEAST(2, 11)
+
 // AdamW for a captured step: the LR from `lr`, the update skipped where `skip` holds 1 (both 0-dim
 // float tensors on the parameters' device), `steps` already advanced by advance_steps. The
 // tensor-LR form of _fused_adamw_ and _foreach_add_ with a tensor are in 2.4 (checked; older

@@ -399,6 +399,8 @@ Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInpu
     } else if (config.optim.name == "adamw" && !compat::kAdamwStepOnDevice) {
       blocker = "this LibTorch has no fused AdamW kernel with its learning rate and step count on the GPU (2.4 or "
                 "later)";
+    } else if (!compat::kCudaGraphCapture) {
+      blocker = "this LibTorch (" + compat::torch_version() + ") is older than 2.4, which train's step capture needs";
     } else if (plan.loss_scaling) {
       blocker = "fp16 loss scaling decides on the host whether each step is applied";
     }

@@ -5,8 +5,13 @@
 #include <stdexcept>
 #include <vector>
 
+#include "compat.h"
 #include "train/log.h"
-#ifdef TRAIN_WITH_CUDA
+#if TRAIN_CUDA_GRAPHS
+#if TRAIN_HOST_GRAPH_POOLS
+#include <ATen/core/CachingHostAllocator.h>
+#endif
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/core/Event.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -51,7 +56,7 @@ struct StepGraph::Impl {
   std::vector<double> eager_ms, replay_ms;
   std::string outcome;        // why the graph is off, for summary()
   torch::Tensor static_input, static_target, static_loss;
-#ifdef TRAIN_WITH_CUDA
+#if TRAIN_CUDA_GRAPHS
   c10::cuda::CUDAStream side;
   std::unique_ptr<at::cuda::CUDAGraph> graph;
 
@@ -88,6 +93,34 @@ struct StepGraph::Impl {
     static_input = static_target = static_loss = torch::Tensor();
   }
 
+  // What a capture that capture_end did not finish leaves behind, put right (the CUDAGraph's
+  // destructor only cleans up after a finished one). Each part is tried on its own: LibTorch
+  // releases differ in what capture_end had done before it threw.
+  //  - The device allocator and (from 2.10) the pinned host allocator still route allocations to
+  //    the graph's pool, and hold the pool.
+  //  - The default CUDA generator is still in capture mode (capture_end's epilogue never ran): an
+  //    eager dropout after it would draw from the graph's offsets. A clone of its state, which
+  //    starts outside capture mode at the same seed and offset, replaces it.
+  void abandon_capture(const decltype(at::cuda::graph_pool_handle())& pool) {
+    const auto quietly = [](auto&& f) {
+      try {
+        f();
+      } catch (const std::exception&) {
+      }
+    };
+    quietly([&] { c10::cuda::CUDACachingAllocator::endAllocateToPool(device.index(), pool); });
+    quietly([&] { c10::cuda::CUDACachingAllocator::releasePool(device.index(), pool); });
+#if TRAIN_HOST_GRAPH_POOLS
+    quietly([&] { at::getHostAllocator(at::kCUDA)->end_allocate_to_pool(pool); });
+    quietly([&] { at::getHostAllocator(at::kCUDA)->release_pool(pool); });
+#endif
+    quietly([&] {
+      at::Generator generator = at::cuda::detail::getDefaultCUDAGenerator(device.index());
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      generator.graphsafe_set_state(generator.clone());
+    });
+  }
+
   // Captures the step on the side stream; returns the cause when the capture failed.
   std::string capture(const torch::Tensor& input, const torch::Tensor& target, const Step& step) {
     static_input = input.clone();  // keeps the layout (channels_last)
@@ -102,9 +135,9 @@ struct StepGraph::Impl {
     bool ended = false;
     {
       c10::cuda::CUDAStreamGuard guard(side);
-      // Thread-local: the loader's and the checkpoint writer's threads keep using CUDA meanwhile.
-      g->capture_begin(pool, cudaStreamCaptureModeThreadLocal);
       try {
+        // Thread-local: the loader's and the checkpoint writer's threads keep using CUDA meanwhile.
+        g->capture_begin(pool, cudaStreamCaptureModeThreadLocal);
         static_loss = step(static_input, static_target);
       } catch (const std::exception& e) {
         failure = first_line(e.what());
@@ -116,14 +149,7 @@ struct StepGraph::Impl {
         if (failure.empty()) failure = first_line(e.what());
       }
     }
-    if (!ended) {
-      // capture_end threw before it handed the pool back; the graph's destructor would not.
-      try {
-        c10::cuda::CUDACachingAllocator::endAllocateToPool(device.index(), pool);
-        c10::cuda::CUDACachingAllocator::releasePool(device.index(), pool);
-      } catch (const std::exception&) {
-      }
-    }
+    if (!ended) abandon_capture(pool);
     (void)cudaGetLastError();  // a failed capture leaves its error code behind (not a sticky error)
     order(side, main);
     if (!failure.empty()) {
@@ -137,7 +163,7 @@ struct StepGraph::Impl {
   }
 #else
   Impl(torch::Device d, bool keep) : device(d), keep_if_faster(keep) {
-    throw std::logic_error("StepGraph: this LibTorch was built without CUDA");
+    throw std::logic_error("StepGraph: this LibTorch has no CUDA, or is older than 2.4");
   }
   void drop() {}
 #endif
@@ -152,7 +178,7 @@ StepGraph::~StepGraph() = default;
 
 torch::Tensor StepGraph::run(const torch::Tensor& input, const torch::Tensor& target, const Step& step) {
   Impl& m = *impl_;
-#ifdef TRAIN_WITH_CUDA
+#if TRAIN_CUDA_GRAPHS
   using Phase = Impl::Phase;
   const bool measuring = m.keep_if_faster && !m.decided;
   switch (m.phase) {
