@@ -197,7 +197,9 @@ TEST_CASE("cuda: a non-finite loss in a replayed step changes no weight and a ro
         train_with(graph_config("resnet18", "on", 30, "constant"), std::make_shared<CountedImages>(160, 176));
     CHECK_THAT(stopped.error, Catch::Contains("the loss is nan at step 11"));
     CHECK_THAT(stopped.error, Catch::Contains("The weights are still those after step 10"));
-    check_close(ten.params, stopped.params, 0);
+    // Two runs: cuBLAS on the graph's pool streams need not be bitwise reproducible, and any
+    // update the NaN step made would be NaN or of lr x gradient's size, far above 1e-6.
+    check_close(ten.params, stopped.params, 1e-6);
   }
   SECTION("on_nonfinite rollback: back to step 10's checkpoint, the batch skipped, the step captured again") {
     const std::string dir = files::make_temp_directory("train_graph_rollback_");
