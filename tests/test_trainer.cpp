@@ -7,6 +7,7 @@
 #include <train/data/token_file.h>
 #include <train/errors.h>
 #include <train/files.h>
+#include <train/fit.h>
 #include <train/log.h>
 #include <train/metrics.h>
 #include <train/models/bert.h>
@@ -1028,6 +1029,78 @@ TEST_CASE("checkpoint.best: a best.json whose best.pt is gone does not stop the 
   CHECK(load_checkpoint(resumed.best_checkpoint, *run.model, nullptr).step == resumed.best_step);
   CHECK(read_best_checkpoint(checkpoints)->step == resumed.best_step);
   files::remove_all(dir);
+}
+
+TEST_CASE("trainer.early_stop_patience: training stops, with a checkpoint, after that many evaluations without a "
+          "better val loss", "[trainer][checkpoint][resume]") {
+  // The full run's evaluations (one per step, the loss going up and down), and where a patience
+  // of p stops it: the first step that ends p evaluations in a row without a new lowest loss.
+  Config c = best_by_loss(100, 20);
+  c.logging.tensorboard = false;
+  std::vector<double> losses;
+  {
+    const std::string dir = temp_dir("early_full");
+    RunParts run = prepare_run(c);
+    Trainer t(c, run.plan, run.model, run.train, run.val, dir);
+    REQUIRE(t.fit().steps == 12);
+    std::ifstream in(files::join(dir, "metrics.jsonl"));
+    for (std::string line; std::getline(in, line);) {
+      if (line.find("\"split\":\"val\"") != std::string::npos) {
+        losses.push_back(std::stod(line.substr(line.find("\"loss\":") + 7)));
+      }
+    }
+    files::remove_all(dir);
+  }
+  REQUIRE(losses.size() == 12);
+  auto stop_step = [&losses](int64_t patience) {
+    double best = std::numeric_limits<double>::infinity();
+    int64_t bad = 0;
+    for (size_t i = 0; i < losses.size(); ++i) {
+      bad = losses[i] < best ? 0 : bad + 1;
+      best = std::min(best, losses[i]);
+      if (bad >= patience) return static_cast<int64_t>(i + 1);
+    }
+    return int64_t{12};
+  };
+  REQUIRE(stop_step(1) < 12);  // the loss does go up at some step
+  for (const int64_t patience : {int64_t{1}, int64_t{2}, int64_t{3}}) {
+    INFO("patience " << patience << ", stops at " << stop_step(patience));
+    const std::string dir = temp_dir("early_stop");
+    Config p = c;
+    p.trainer.early_stop_patience = patience;
+    FitOptions options;
+    options.run_dir = dir;
+    options.handle_stop_signals = false;
+    RunParts run = prepare_run(p);
+    const FitReport report = fit_in_run_dir(p, run, options);
+    CHECK(report.exit_code == kExitOk);  // finished, not stopped by a signal
+    CHECK(report.result.steps == stop_step(patience));
+    CHECK(report.result.stopped_early == (stop_step(patience) < 12));
+    CHECK(report.result.last_checkpoint == checkpoint_path(files::join(dir, "checkpoints"), report.result.steps));
+    CHECK(files::exists(report.result.last_checkpoint));
+    if (report.result.stopped_early) {
+      // Resumed: it stays stopped, and reports the same evaluation.
+      RunParts again = prepare_run(p);
+      Trainer t(p, again.plan, again.model, again.train, again.val, dir);
+      FitResult resumed;
+      const std::string log = logged_while([&] { resumed = t.fit("auto"); });
+      CHECK_THAT(log, Catch::Contains("early stopping: stopped at step " + std::to_string(report.result.steps)));
+      CHECK(resumed.stopped_early);
+      CHECK(resumed.steps == report.result.steps);
+      CHECK(resumed.val.loss == Approx(report.result.val.loss));
+      // A larger patience trains on to the end.
+      p.trainer.early_stop_patience = 100;
+      RunParts more = prepare_run(p);
+      Trainer longer(p, more.plan, more.model, more.train, more.val, dir);
+      const FitResult finished = longer.fit("auto");
+      CHECK_FALSE(finished.stopped_early);
+      CHECK(finished.steps == 12);
+    }
+    files::remove_all(dir);
+  }
+  // It watches checkpoint.best's metric: without one it is refused, naming the key.
+  CHECK_THROWS_WITH(synthetic_config("trainer.early_stop_patience=3"),
+                    Catch::Contains("trainer.early_stop_patience") && Catch::Contains("checkpoint.best is none"));
 }
 
 namespace {

@@ -456,6 +456,13 @@ std::vector<Key> build_schema() {
               "on_nonfinite rollback: rollbacks allowed in one run before it stops as with `stop`")
           .at_least(1)
           .at_most(1000000).free_on_resume(),
+      trainer("early_stop_patience", &T::early_stop_patience,
+              "stop training, with a checkpoint, after this many evaluations in a row that do not improve "
+              "the metric checkpoint.best ranks by (the count is in the checkpoints, so a resumed run goes on "
+              "counting, and one resumed after an early stop does not train on unless the patience is raised); "
+              "0 = off")
+          .at_least(0)
+          .at_most(1000000).free_on_resume(),
 
       tuning("device", &TuningConfig::device,
              "plan for this named device profile instead of the detected one (train plan --device)"),
@@ -667,6 +674,8 @@ constexpr KeyAlias kKeyAliases[] = {
     {"metric_for_best_model", "checkpoint.best", "accuracy, top5 or loss (none = off)"},
     {"load_best_model_at_end", "checkpoint.best", "accuracy, top5 or loss: keeps checkpoints/best.pt"},
     {"save_top_k", "checkpoint.best", "accuracy, top5 or loss: keeps checkpoints/best.pt"},
+    {"early_stopping_patience", "trainer.early_stop_patience", ""},
+    {"patience", "trainer.early_stop_patience", "with checkpoint.best naming the metric it watches"},
     {"logging_steps", "logging.every_steps", ""},
     {"log_every_n_steps", "logging.every_steps", ""},
     {"log_interval", "logging.every_steps", ""},
@@ -1260,6 +1269,12 @@ Config ConfigBuilder::validated() const {
                format_number(milestones[i - 1]));
 
   check_bert_sizes();
+
+  if (trainer.early_stop_patience > 0 && config_.checkpoint.best == "none")
+    fail(where_set(blame("trainer.early_stop_patience", "checkpoint.best")),
+         blame("trainer.early_stop_patience", "checkpoint.best"),
+         "early stopping watches the metric checkpoint.best ranks evaluations by, and checkpoint.best is none; "
+         "set it to loss, accuracy or top5");
 
   const TuningConfig& tuning = config_.tuning;
   if (tuning.micro_batch > 0 && tuning.micro_batch > trainer.global_batch)

@@ -240,7 +240,8 @@ FitReport train_in_run_dir(const Config& config, RunParts& run, const std::strin
       result = trainer.fit(resume_path);
       total_steps = trainer.plan().total_steps;
     }
-    log::info(log::str("done: ", describe_steps(result), " in ", format_duration(result.seconds), "; data wait ",
+    log::info(log::str("done: ", describe_steps(result), result.stopped_early ? " (stopped early)" : "", " in ",
+                       format_duration(result.seconds), "; data wait ",
                        log::fixed(100.0 * result.data_wait_fraction, 2), "% of loop time",
                        result.loader_workers != run.plan.workers
                            ? log::str(" (loader workers raised to ", result.loader_workers, ")")
@@ -257,7 +258,7 @@ FitReport train_in_run_dir(const Config& config, RunParts& run, const std::strin
     log::set_file("");
     // Stopped by a signal before the end, with a checkpoint to resume from.
     report.exit_code = result.diverged_ranks != 0                ? kExitRuntime
-                       : result.steps < total_steps            ? kExitStopped
+                       : result.steps < total_steps && !result.stopped_early ? kExitStopped
                                                                : kExitOk;
     return report;
   } catch (const Error& e) {

@@ -256,6 +256,8 @@ struct Trainer::Impl {
   bool eval_pending = false;
   // checkpoint.best: the best evaluation so far (this run's, or best.json's from an earlier one).
   std::optional<BestCheckpoint> best;
+  // trainer.early_stop_patience: evaluations in a row since the last that improved on `best`.
+  int64_t evals_without_improvement = 0;
 
   // The value checkpoint.best ranks an evaluation by; nullopt when off or the metric is missing.
   std::optional<double> best_metric(const EvalResult& ev) const {
@@ -270,6 +272,19 @@ struct Trainer::Impl {
   bool improves_best(const EvalResult& ev) const {
     const std::optional<double> value = best_metric(ev);
     return value && std::isfinite(*value) && (!best || better_than(best->metric, *value, best->value));
+  }
+  // trainer.early_stop_patience: counts an evaluation that did (or did not) improve on the best.
+  void count_evaluation(const EvalResult& ev, bool improved) {
+    if (config.trainer.early_stop_patience == 0 || !best_metric(ev)) return;
+    evals_without_improvement = improved ? 0 : evals_without_improvement + 1;
+  }
+  bool early_stop_due() const {
+    return config.trainer.early_stop_patience > 0 && evals_without_improvement >= config.trainer.early_stop_patience;
+  }
+  std::string describe_early_stop() const {
+    return log::str("val ", config.checkpoint.best, " has not improved for ", evals_without_improvement,
+                    " evaluation(s) (trainer.early_stop_patience ", config.trainer.early_stop_patience, ")",
+                    best ? "; best " + describe_best(*best) : std::string());
   }
   // Records `ev` at the current step as the best, and on rank 0 makes `checkpoint` best.pt.
   void keep_best(const EvalResult& ev, const std::string& checkpoint) {
@@ -489,6 +504,10 @@ struct Trainer::Impl {
       // (older checkpoints: the plan's), in the share of the data one of `world` ranks reads.
       if (auto it = st.tensors.find("trainer/micro_batch"); it != st.tensors.end()) micro = it->second.item<int64_t>();
       if (auto it = st.tensors.find("trainer/world_size"); it != st.tensors.end()) world = it->second.item<int64_t>();
+      evals_without_improvement = 0;
+      if (auto it = st.tensors.find("trainer/evals_without_improvement"); it != st.tensors.end()) {
+        evals_without_improvement = it->second.item<int64_t>();
+      }
       const auto pending = st.tensors.find("trainer/eval_pending");
       eval_pending = pending != st.tensors.end() && pending->second.item<int64_t>() != 0;
       if (auto it = st.tensors.find("trainer/skipped_samples"); it != st.tensors.end()) {
@@ -798,6 +817,9 @@ struct Trainer::Impl {
       state.tensors["trainer/bad_steps"] = torch::tensor(flat, torch::kLong).view({-1, 2});
     }
     if (eval_pending) state.tensors["trainer/eval_pending"] = torch::tensor(int64_t{1}, torch::kLong);
+    if (evals_without_improvement > 0) {
+      state.tensors["trainer/evals_without_improvement"] = torch::tensor(evals_without_improvement, torch::kLong);
+    }
     if (loss_window.second > 0) {
       state.tensors["trainer/loss_window"] = torch::tensor({loss_window.first, loss_window.second}, torch::kDouble);
     }
@@ -1127,8 +1149,11 @@ FitResult Trainer::fit(const std::string& resume) {
     result.val = evaluate_and_log();  // evaluate() puts the model back in training mode
     s.eval_pending = false;
     // No step since the checkpoint resumed from: it is the state this evaluation saw.
-    if (s.improves_best(result.val)) s.keep_best(result.val, resume_path);
+    const bool improved = s.improves_best(result.val);
+    if (improved) s.keep_best(result.val, resume_path);
+    s.count_evaluation(result.val, improved);
   }
+  const bool evaluated_pending = result.val.samples > 0;
   // Evaluation time is not training time (see pause_start below): the first window starts now.
   window_from_checkpoint();
 
@@ -1136,7 +1161,14 @@ FitResult Trainer::fit(const std::string& resume) {
   // checkpoint.every_minutes: rank 0's clock, from the start of this attempt or its last checkpoint.
   const double checkpoint_seconds = 60.0 * s.config.checkpoint.every_minutes;
   auto last_checkpoint_time = Clock::now();
-  while (s.step < s.plan.total_steps) {
+  // Resumed from the checkpoint of an early stop (or its put-off evaluation ends the patience).
+  const bool stopped_before = s.early_stop_due() && s.step < s.plan.total_steps;
+  if (stopped_before) {
+    result.stopped_early = true;
+    log::info(log::str("early stopping: stopped at step ", s.step, " of ", s.plan.total_steps, ": ",
+                       s.describe_early_stop(), "; raise trainer.early_stop_patience to train on"));
+  }
+  while (!stopped_before && s.step < s.plan.total_steps) {
     s.skip_bad_steps();
     const auto t0 = Clock::now();
     const auto step_start = s.sample_position();
@@ -1375,6 +1407,7 @@ FitResult Trainer::fit(const std::string& resume) {
     // data-wait share leave it out.
     const auto pause_start = Clock::now();
     bool best_due = false;
+    bool early_stop = false;
     const int64_t eval_every = s.config.trainer.eval_every_steps;
     if ((eval_every > 0 && s.step % eval_every == 0) || (eval_every == 0 && epoch_end) || last) {
       if (stopping && !last) {
@@ -1384,13 +1417,16 @@ FitResult Trainer::fit(const std::string& resume) {
         s.eval_pending = true;  // in the checkpoint written next
       } else {
         result.val = evaluate_and_log();
-        evaluated_at_end = last;
         best_due = s.improves_best(result.val);
+        s.count_evaluation(result.val, best_due);
+        early_stop = !last && s.early_stop_due();
+        evaluated_at_end = last || early_stop;
       }
     }
     const int64_t every = s.config.checkpoint.every_steps;
     // A new best evaluation gets this step's checkpoint, which then becomes best.pt.
-    const bool checkpoint_due = (every > 0 && s.step % every == 0) || last || stopping || best_due || time_checkpoint;
+    const bool checkpoint_due =
+        (every > 0 && s.step % every == 0) || last || stopping || best_due || time_checkpoint || early_stop;
     // Every rank's replaced samples go into rank 0's checkpoint: gathered on every rank, whether
     // or not it has a run directory, since the condition is the same on all of them.
     torch::Tensor skipped;
@@ -1413,7 +1449,7 @@ FitResult Trainer::fit(const std::string& resume) {
     if (best_due) s.keep_best(result.val, result.last_checkpoint);
     // The run ends after this step: its checkpoint (and best.pt) are on disk before any rank
     // leaves, since a launcher may stop the ranks still running when one exits.
-    if (s.writer && (last || stopping)) s.writer->wait();
+    if (s.writer && (last || stopping || early_stop)) s.writer->wait();
     // The others wait for rank 0's write here, not in their next collective, which would give up
     // after distributed.timeout_s (a large model on a slow disk takes longer).
     if (s.group && checkpoint_due) {
@@ -1422,13 +1458,20 @@ FitResult Trainer::fit(const std::string& resume) {
     }
     window_start += Clock::now() - pause_start;
     if (checkpoint_due) last_checkpoint_time = Clock::now();
+    if (early_stop) {
+      result.stopped_early = true;
+      log::info(log::str("early stopping after step ", s.step, " of ", s.plan.total_steps, ": ", s.describe_early_stop()));
+      break;
+    }
     if (stopping && !last) {
       log::warn(log::str("stop requested: stopped after step ", s.step, "; resume with --resume auto"));
       break;
     }
   }
   // Resumed from the final checkpoint: the result's numbers, without a second row for that step.
-  if (!evaluated_at_end && s.step == s.plan.total_steps && first_step == s.step) {
+  // The same after an early stop.
+  if (!evaluated_at_end && !evaluated_pending && (s.step == s.plan.total_steps || stopped_before) &&
+      first_step == s.step) {
     result.val = evaluate_and_log(/*record=*/false);
   }
   if (s.sync) {

@@ -150,6 +150,8 @@ struct TrainerConfig {
   double stop_grace_s = 60;      // after SIGTERM/SIGINT/SIGUSR1: finish the step and checkpoint within this, or exit 128+sig
   std::string on_nonfinite = "stop";  // non-finite loss without loss scaling: stop | rollback
   int64_t max_rollbacks = 3;     // on_nonfinite rollback: give up (stop) after this many in one run
+  // Stop after this many evaluations in a row that do not improve checkpoint.best's metric; 0 = off.
+  int64_t early_stop_patience = 0;
 };
 
 struct TuningConfig {

@@ -47,6 +47,9 @@ struct FitResult {
   int64_t scaler_skipped_steps = 0;  // loss scaling: steps of this call skipped for inf/NaN gradients
   int64_t rollbacks = 0;         // trainer.on_nonfinite rollback: reloads of the newest checkpoint
   int64_t graph_replays = 0;     // tuning.cuda_graphs: steps run by replaying the captured CUDA graph
+  // trainer.early_stop_patience ended training before plan.total_steps (in this call, or in the
+  // attempt whose checkpoint it resumed; `steps` says where).
+  bool stopped_early = false;
   // checkpoint.best: the best evaluation the run directory has seen (this call's or an earlier
   // attempt's), its metric, value and step; best_checkpoint is its file (rank 0; "" without one).
   std::string best_metric;
