@@ -1017,6 +1017,26 @@ TEST_CASE("checkpoint.best on 2 ranks: both rank the evaluations alike, rank 0 k
   files::remove_all(dir);
 }
 
+TEST_CASE("trainer.early_stop_patience on 2 ranks: both stop after the same evaluation, with rank 0's checkpoint",
+          "[dist][checkpoint]") {
+  register_test_models();
+  const std::string dir = files::make_temp_directory("train_ddp_early_");
+  // lr 2: the loss goes up and down, so a patience of 1 ends the run early.
+  const Config config = load_config(write_config(dir, "early", "distributed: {timeout_s: 60}\n"),
+                                    {"trainer.max_steps=16", "trainer.eval_every_steps=1", "checkpoint.best=loss",
+                                     "trainer.early_stop_patience=1", "optim.lr=2", "tuning.micro_batch=8"});
+  const std::string run_dir = files::join(dir, "run");
+  const auto results = fit_on_two_ranks(config, run_dir, "", [](data::DatasetPtr train) { return train; },
+                                        /*with_val=*/true);
+  CHECK(results[0].stopped_early);
+  CHECK(results[1].stopped_early);
+  CHECK(results[0].steps < 16);
+  CHECK(results[1].steps == results[0].steps);
+  CHECK(latest_checkpoint(files::join(run_dir, "checkpoints")) ==
+        checkpoint_path(files::join(run_dir, "checkpoints"), results[0].steps));
+  files::remove_all(dir);
+}
+
 TEST_CASE("checkpoint.every_minutes on 2 ranks: rank 0's clock decides, and every rank takes part in each checkpoint",
           "[dist][checkpoint]") {
   register_test_models();
