@@ -1098,6 +1098,23 @@ TEST_CASE("trainer.early_stop_patience: training stops, with a checkpoint, after
     }
     files::remove_all(dir);
   }
+  // trainer.early_stop_min_delta: an improvement smaller than it counts as none. With a huge one
+  // only the first evaluation (there is no best before it) improves, so a patience of 2 stops
+  // after step 3, and best.pt still follows the lowest loss of those three.
+  {
+    const std::string dir = temp_dir("early_delta");
+    Config p = c;
+    p.trainer.early_stop_patience = 2;
+    p.trainer.early_stop_min_delta = 1e6;
+    RunParts run = prepare_run(p);
+    Trainer t(p, run.plan, run.model, run.train, run.val, dir);
+    const FitResult r = t.fit();
+    CHECK(r.stopped_early);
+    CHECK(r.steps == 3);
+    const auto lowest = std::min_element(losses.begin(), losses.begin() + 3) - losses.begin();
+    CHECK(r.best_step == lowest + 1);
+    files::remove_all(dir);
+  }
   // It watches checkpoint.best's metric: without one it is refused, naming the key.
   CHECK_THROWS_WITH(synthetic_config("trainer.early_stop_patience=3"),
                     Catch::Contains("trainer.early_stop_patience") && Catch::Contains("checkpoint.best is none"));

@@ -463,6 +463,12 @@ std::vector<Key> build_schema() {
               "0 = off")
           .at_least(0)
           .at_most(1000000).free_on_resume(),
+      trainer("early_stop_min_delta", &T::early_stop_min_delta,
+              "for early_stop_patience, an evaluation improves only when it beats the best so far by more than "
+              "this, in the metric's units (loss; accuracy and top5 as fractions, 0.001 = 0.1 points); "
+              "best.pt still follows every improvement")
+          .at_least(0)
+          .at_most(1e9).free_on_resume(),
 
       tuning("device", &TuningConfig::device,
              "plan for this named device profile instead of the detected one (train plan --device)"),
@@ -676,6 +682,8 @@ constexpr KeyAlias kKeyAliases[] = {
     {"save_top_k", "checkpoint.best", "accuracy, top5 or loss: keeps checkpoints/best.pt"},
     {"early_stopping_patience", "trainer.early_stop_patience", ""},
     {"patience", "trainer.early_stop_patience", "with checkpoint.best naming the metric it watches"},
+    {"min_delta", "trainer.early_stop_min_delta", ""},
+    {"early_stopping_threshold", "trainer.early_stop_min_delta", ""},
     {"logging_steps", "logging.every_steps", ""},
     {"log_every_n_steps", "logging.every_steps", ""},
     {"log_interval", "logging.every_steps", ""},

@@ -273,10 +273,13 @@ struct Trainer::Impl {
     const std::optional<double> value = best_metric(ev);
     return value && std::isfinite(*value) && (!best || better_than(best->metric, *value, best->value));
   }
-  // trainer.early_stop_patience: counts an evaluation that did (or did not) improve on the best.
+  // trainer.early_stop_patience: counts an evaluation that did (or did not) improve on the best,
+  // by more than trainer.early_stop_min_delta. Called before keep_best replaces `best`.
   void count_evaluation(const EvalResult& ev, bool improved) {
-    if (config.trainer.early_stop_patience == 0 || !best_metric(ev)) return;
-    evals_without_improvement = improved ? 0 : evals_without_improvement + 1;
+    const std::optional<double> value = best_metric(ev);
+    if (config.trainer.early_stop_patience == 0 || !value) return;
+    const bool enough = improved && (!best || std::abs(*value - best->value) > config.trainer.early_stop_min_delta);
+    evals_without_improvement = enough ? 0 : evals_without_improvement + 1;
   }
   bool early_stop_due() const {
     return config.trainer.early_stop_patience > 0 && evals_without_improvement >= config.trainer.early_stop_patience;
@@ -1150,8 +1153,8 @@ FitResult Trainer::fit(const std::string& resume) {
     s.eval_pending = false;
     // No step since the checkpoint resumed from: it is the state this evaluation saw.
     const bool improved = s.improves_best(result.val);
-    if (improved) s.keep_best(result.val, resume_path);
     s.count_evaluation(result.val, improved);
+    if (improved) s.keep_best(result.val, resume_path);
   }
   const bool evaluated_pending = result.val.samples > 0;
   // Evaluation time is not training time (see pause_start below): the first window starts now.

@@ -152,6 +152,7 @@ struct TrainerConfig {
   int64_t max_rollbacks = 3;     // on_nonfinite rollback: give up (stop) after this many in one run
   // Stop after this many evaluations in a row that do not improve checkpoint.best's metric; 0 = off.
   int64_t early_stop_patience = 0;
+  double early_stop_min_delta = 0;  // an improvement must beat the best so far by more than this
 };
 
 struct TuningConfig {
