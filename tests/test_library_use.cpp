@@ -52,6 +52,58 @@ class Brightness : public data::Dataset {
   std::string describe() const override { return "brightness (40 samples)"; }
 };
 
+// Tabular regression, a task without classes: 8 features, a float target that is a fixed linear
+// function of them plus a bias.
+class LinearTargets : public data::Dataset {
+ public:
+  explicit LinearTargets(int64_t size, int64_t offset = 0) : size_(size), offset_(offset) {}
+  int64_t size() const override { return size_; }
+  data::Example get(int64_t index, uint64_t /*seed*/) const override {
+    const torch::Tensor x = features(index + offset_);
+    return {x, (x * weights()).sum().add(0.5).reshape({1})};
+  }
+  std::vector<int64_t> input_shape() const override { return {8}; }
+  int64_t num_classes() const override { return 0; }
+  std::string describe() const override { return "linear targets (" + std::to_string(size_) + " samples)"; }
+  static torch::Tensor weights() { return torch::arange(8, torch::kFloat).sub(3.5).div(4); }
+
+ private:
+  static torch::Tensor features(int64_t index) {
+    // Deterministic and varied: the sample's own generator.
+    auto generator = at::detail::createCPUGenerator(static_cast<uint64_t>(1000 + index));
+    return torch::randn({8}, generator, torch::TensorOptions().dtype(torch::kFloat));
+  }
+  int64_t size_, offset_;
+};
+
+// A model with its own loss: mean squared error. `bad` returns the per-sample losses instead of
+// their mean.
+class Regressor : public models::Model {
+ public:
+  explicit Regressor(bool bad = false) : fc_(register_module("fc", torch::nn::Linear(8, 1))), bad_(bad) {}
+  torch::Tensor forward(const torch::Tensor& x) override { return fc_(x); }
+  bool has_own_loss() const override { return true; }
+  torch::Tensor loss(const torch::Tensor& output, const torch::Tensor& target) override {
+    const torch::Tensor squared = (output.to(torch::kFloat) - target).pow(2);
+    return bad_ ? squared.sum(1) : squared.mean();
+  }
+
+ private:
+  torch::nn::Linear fc_;
+  bool bad_;
+};
+
+Config regression_config(const std::string& tmp, const std::string& extra) {
+  return parse_config("model: {name: test_regressor}\n"
+                      "data: {kind: custom, workers: 0}\n"
+                      "optim: {name: sgd, lr: 0.1, momentum: 0.9}\n"
+                      "schedule: {name: constant}\n"
+                      "trainer: {global_batch: 16, max_steps: 200, device: cpu, threads: 1, eval_every_steps: 100}\n"
+                      "logging: {every_steps: 100}\n"
+                      "tuning: {cache_dir: " + files::join(tmp, "cache") + "}\n" + extra,
+                      "regression.yaml");
+}
+
 }  // namespace
 
 // The pip wheel's libtorch.so exports its own copies of some libstdc++ functions; in a program
@@ -425,5 +477,97 @@ TEST_CASE("library_use: bert_example pretokenize rejects a directory as TEXT", "
   }
   CHECK(run_bert_example(tmp, "pretokenize --vocab vocab.txt --out o1.tokens corpus.txt big/part1.txt", log) == 0);
   CHECK(read_text(log).find("2 documents, 3 tokens") != std::string::npos);
+  files::remove_all(tmp);
+}
+
+// A program's model with its own loss (Model::has_own_loss) trains a task that is not
+// classification through the whole flow: the probe, accumulation, evaluation, metrics and best.pt.
+TEST_CASE("library_use: a model with its own loss trains a regression", "[library_use]") {
+  models::register_model("test_regressor", [](const ModelConfig&) { return std::make_shared<Regressor>(); },
+                         "linear regression with mean squared error");
+  models::register_model("test_bad_regressor", [](const ModelConfig&) { return std::make_shared<Regressor>(true); },
+                         "a loss of one value per sample");
+  const std::string tmp = files::make_temp_directory("train_test_own_loss_");
+  RunOptions options;
+  options.train_data = std::make_shared<LinearTargets>(64);
+  options.val_data = std::make_shared<LinearTargets>(32, 1000);
+
+  const Config config = regression_config(tmp, "checkpoint: {best: loss}\n");
+  RunParts run = prepare_run(config, options);
+  CHECK(run.plan.memory.source.find("probe on cpu") != std::string::npos);  // the probe took the model's loss
+  FitOptions fit;
+  fit.run_dir = files::join(tmp, "run");
+  const FitReport report = fit_in_run_dir(config, run, fit);
+  REQUIRE(report.exit_code == kExitOk);
+  const FitResult& result = report.result;
+  CHECK(result.steps == 200);
+  CHECK_FALSE(result.val.has_accuracy);
+  CHECK(result.val.samples == 32);
+
+  // The regression is learnt (the targets' variance is about 1.3).
+  auto& fc = *run.model->named_parameters().find("fc.weight");
+  CHECK(torch::allclose(fc.detach().reshape({8}), LinearTargets::weights(), 0, 0.02));
+  CHECK(result.val.loss < 1e-3);
+  // The evaluation's loss is the model's loss over the validation set.
+  {
+    torch::NoGradGuard no_grad;
+    std::vector<torch::Tensor> xs, ys;
+    for (int64_t i = 0; i < 32; ++i) {
+      const auto example = options.val_data->get(i, 0);
+      xs.push_back(example.input);
+      ys.push_back(example.target);
+    }
+    const double mse = run.model->loss(run.model->forward(torch::stack(xs)), torch::stack(ys)).item<double>();
+    CHECK(result.val.loss == Approx(mse).epsilon(1e-5));
+  }
+  // Its rows have a loss and no accuracy; best.pt follows the loss.
+  const std::string metrics = read_text(files::join(fit.run_dir, "metrics.jsonl"));
+  CHECK(metrics.find("\"split\":\"val\"") != std::string::npos);
+  CHECK(metrics.find("accuracy") == std::string::npos);
+  CHECK(result.best_metric == "loss");
+  CHECK(result.best_step == 200);
+  CHECK(files::is_regular_file(files::join(fit.run_dir, "checkpoints/best.pt")));
+
+  // Micro-batches of 4 with 4 accumulation steps give the weights of whole batches of 16: the
+  // trainer averages the model's per-micro-batch means.
+  {
+    Config whole = regression_config(tmp, "");
+    whole.trainer.max_steps = 5;
+    Config split = whole;
+    split.tuning.micro_batch = 4;
+    std::vector<torch::Tensor> weights;
+    for (const Config& c : {whole, split}) {
+      RunParts r = prepare_run(c, options);
+      Trainer trainer(c, r.plan, r.model, r.train, r.val, "");
+      trainer.fit();
+      weights.push_back(r.model->named_parameters().find("fc.weight")->detach().clone());
+      INFO("accum_steps " << r.plan.accum_steps);
+      CHECK(r.plan.accum_steps == (c.tuning.micro_batch == 4 ? 4 : 1));
+    }
+    CHECK(torch::allclose(weights[0], weights[1], 1e-5, 1e-6));
+  }
+
+  // What such a model cannot have is a config error naming the key.
+  {
+    RunParts r = prepare_run(regression_config(tmp, ""), options);
+    Config accuracy = regression_config(tmp, "checkpoint: {best: accuracy}\n");
+    CHECK_THROWS_WITH(Trainer(accuracy, r.plan, r.model, r.train, r.val, ""),
+                      Catch::Contains("key 'checkpoint.best': accuracy") && Catch::Contains("has its own loss"));
+    Config smoothing = regression_config(tmp, "loss: {label_smoothing: 0.1}\n");
+    CHECK_THROWS_WITH(Trainer(smoothing, r.plan, r.model, r.train, r.val, ""),
+                      Catch::Contains("key 'loss.label_smoothing'") && Catch::Contains("set it to 0"));
+  }
+  // A loss that is not a 0-d mean is refused with the model's name, in the probe and in training.
+  {
+    Config bad = regression_config(tmp, "");
+    bad.model.name = "test_bad_regressor";
+    bad.tuning.cache_dir = files::join(tmp, "cache-bad");  // the same shapes: the cache would skip the probe
+    CHECK_THROWS_WITH(prepare_run(bad, options), Catch::Contains("loss() returned a Float tensor of shape [") &&
+                                                     Catch::Contains("0-d floating-point tensor"));
+    bad.tuning.micro_batch = 16;  // no probe
+    RunParts r = prepare_run(bad, options);
+    Trainer trainer(bad, r.plan, r.model, r.train, r.val, "");
+    CHECK_THROWS_WITH(trainer.fit(), Catch::Contains("model 'test_bad_regressor': loss() returned"));
+  }
   files::remove_all(tmp);
 }

@@ -218,7 +218,8 @@ int cmd_eval(const CommonArgs& args, const std::string& checkpoint) {
     Trainer trainer(config, run.plan, run.model, run.train, run.val, "");
     const EvalResult ev = trainer.evaluate();
     MetricRecord r;
-    r.add("checkpoint", checkpoint).add("split", "val").add("loss", ev.loss).add("accuracy", ev.accuracy);
+    r.add("checkpoint", checkpoint).add("split", "val").add("loss", ev.loss);
+    if (ev.has_accuracy) r.add("accuracy", ev.accuracy);
     if (ev.has_top5) r.add("top5", ev.top5);
     r.add("samples", ev.samples);
     std::cout << r.to_json() << "\n";

@@ -246,11 +246,13 @@ FitReport train_in_run_dir(const Config& config, RunParts& run, const std::strin
                        result.loader_workers != run.plan.workers
                            ? log::str(" (loader workers raised to ", result.loader_workers, ")")
                            : std::string(),
-                       result.val.samples ? log::str("; val top-1 ", log::fixed(100.0 * result.val.accuracy, 2), "%",
-                                                     result.val.has_top5
-                                                         ? ", top-5 " + log::fixed(100.0 * result.val.top5, 2) + "%"
-                                                         : std::string())
-                                          : "",
+                       !result.val.samples         ? std::string()
+                       : !result.val.has_accuracy ? "; val loss " + log::fixed(result.val.loss, 4)
+                                                  : log::str("; val top-1 ", log::fixed(100.0 * result.val.accuracy, 2),
+                                                             "%",
+                                                             result.val.has_top5
+                                                                 ? ", top-5 " + log::fixed(100.0 * result.val.top5, 2) + "%"
+                                                                 : std::string()),
                        result.best_checkpoint.empty()
                            ? std::string()
                            : log::str("; best ", result.best_metric, " at step ", result.best_step, ": ",

@@ -14,6 +14,7 @@
 #include <unordered_map>
 
 #include "compat.h"
+#include "models/own_loss.h"
 #include "train/amp.h"
 #include "train/errors.h"
 #include "train/log.h"
@@ -164,9 +165,9 @@ torch::Device probe_device(const ProbeOptions& options) {
   return device;
 }
 
-void validate(const ProbeOptions& options, const std::vector<int64_t>& batches) {
+void validate(const models::Model& model, const ProbeOptions& options, const std::vector<int64_t>& batches) {
   if (options.input_shape.empty()) throw std::invalid_argument("probe: input_shape is empty");
-  if (options.num_classes < 1) throw std::invalid_argument("probe: num_classes must be positive");
+  if (!model.has_own_loss() && options.num_classes < 1) throw std::invalid_argument("probe: num_classes must be positive");
   if (options.warmup_steps < 0) throw std::invalid_argument("probe: warmup_steps must not be negative");
   if (options.timed_steps < 1) throw std::invalid_argument("probe: timed_steps must be positive");
   for (const int64_t batch : batches) {
@@ -288,6 +289,10 @@ class ProbeSession {
     torch::AutoGradMode grad_mode(true);
     optimizer_->zero_grad();
     AutocastScope amp(device_.type(), options_.fp16 ? torch::kHalf : torch::kBFloat16, options_.bf16 || options_.fp16);
+    if (model_.has_own_loss()) {
+      const torch::Tensor output = model_.forward(input_);
+      return checked_own_loss(model_, "", output, own_loss_target(output));
+    }
     const torch::Tensor logits =
         options_.target_fraction < 1.0 ? model_.forward_selected(input_, target_positions()) : model_.forward(input_);
     if (logits.dim() < 1 || logits.size(-1) < options_.num_classes) {
@@ -316,6 +321,16 @@ class ProbeSession {
   void update() { optimizer_->step(); }
 
  private:
+  // A model with its own loss: options.example_target repeated over the batch, or without one
+  // (the data could not be read) zeros shaped like the output.
+  torch::Tensor own_loss_target(const torch::Tensor& output) const {
+    if (!options_.example_target.defined()) return torch::zeros(output.sizes(), output.options().dtype(torch::kFloat));
+    const torch::Tensor one = options_.example_target.to(device_).unsqueeze(0);
+    std::vector<int64_t> sizes(one.sizes().begin(), one.sizes().end());
+    sizes[0] = input_.size(0);
+    return one.expand(sizes).contiguous();
+  }
+
   // Token tasks: exactly round(target_fraction x positions) positions with a target, at random
   // places. The data's count varies from batch to batch around that mean (MLM: about +-5 % at 2,048
   // positions); a probe that drew it the same way would measure each batch size at a different
@@ -461,7 +476,7 @@ static void release_cached_memory(const torch::Device& device) {
 }
 
 MemoryFit probe_memory(models::Model& model, const ProbeOptions& options, const std::vector<int64_t>& batches) {
-  validate(options, batches);
+  validate(model, options, batches);
   const torch::Device device = probe_device(options);
   RngStateGuard rng(device);
   MemoryMeter meter(device);
@@ -495,7 +510,7 @@ MemoryFit probe_memory(models::Model& model, const ProbeOptions& options, const 
 
 std::vector<ProbePoint> probe_throughput(models::Model& model, const ProbeOptions& options,
                                          const std::vector<int64_t>& batches) {
-  validate(options, batches);
+  validate(model, options, batches);
   const torch::Device device = probe_device(options);
   RngStateGuard rng(device);
   std::vector<ProbePoint> points;

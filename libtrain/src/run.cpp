@@ -285,7 +285,7 @@ size_t complete_throughput(MemoryEvidence& evidence, const std::vector<int64_t>&
 // throughput per micro-batch. Empty evidence when the user fixed the micro-batch.
 MemoryEvidence gather_evidence(const Config& config, const DeviceProfile& device, const Plan& draft,
                                models::Model& model, const std::vector<int64_t>& input_shape, int64_t num_classes,
-                               int world_size) {
+                               const torch::Tensor& example_target, int world_size) {
   MemoryEvidence evidence;
   if (config.tuning.micro_batch > 0 || !config.tuning.probe) return evidence;
   PlanCache cache(config.tuning.cache_dir);
@@ -299,6 +299,7 @@ MemoryEvidence gather_evidence(const Config& config, const DeviceProfile& device
   ProbeOptions options;
   options.input_shape = input_shape;
   options.num_classes = num_classes;
+  options.example_target = example_target;
   options.optim = config.optim;
   options.target_fraction = target_fraction(config);
   const bool probe_here = !device.named;  // a named device is planned from a probe on this machine
@@ -617,7 +618,17 @@ RunParts prepare_run_unlocated(const Config& config, const RunOptions& options) 
   // Precision and layout decide what the probe measures; the probe then bounds the micro-batch.
   const Plan draft = make_plan(config, r.device, inputs);
   apply_plan_globals(draft);  // the probe measures under the run's threads and cuDNN settings
-  inputs.memory = gather_evidence(config, r.device, draft, *r.model, shape, num_classes, static_cast<int>(world_size));
+  // A model with its own loss is probed with a real target (the probe cannot make one up); a first
+  // sample that does not load (data.on_error skip) leaves the probe's zeros.
+  torch::Tensor example_target;
+  if (r.train && r.model->has_own_loss() && r.train->size() > 0) {
+    try {
+      example_target = r.train->get(0, config.trainer.seed).target;
+    } catch (const std::exception&) {
+    }
+  }
+  inputs.memory = gather_evidence(config, r.device, draft, *r.model, shape, num_classes, example_target,
+                                  static_cast<int>(world_size));
   r.plan = make_plan(config, r.device, inputs);
   if (inputs.memory.source.rfind("plan cache", 0) == 0) {
     // What a cache hit costs once the process is up (the rest is loading LibTorch and, on a GPU,

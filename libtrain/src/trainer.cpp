@@ -31,6 +31,7 @@
 #include "train/metrics.h"
 #include "train/optim.h"
 #include "train/probe.h"
+#include "models/own_loss.h"
 #include "step_graph.h"
 #include "tensor_groups.h"
 
@@ -217,6 +218,7 @@ struct Trainer::Impl {
   dist::GroupPtr group;                 // null for a single process
   std::unique_ptr<dist::GradSync> sync;  // data-parallel gradient averaging (group of > 1 rank)
   bool has_buffers = false;
+  bool own_loss = false;  // the model's loss() instead of cross-entropy (Model::has_own_loss)
   // plan.cuda_graphs: the step captured in a CUDA graph, and the device tensors its fused
   // optimizer reads the learning rate and the skip flag (a non-finite loss) from.
   std::unique_ptr<detail::StepGraph> graph;
@@ -265,7 +267,7 @@ struct Trainer::Impl {
     if (metric == "none" || ev.samples == 0) return std::nullopt;
     if (metric == "loss") return ev.loss;
     if (metric == "top5") return ev.has_top5 ? std::optional<double>(ev.top5) : std::nullopt;
-    return ev.accuracy;
+    return ev.has_accuracy ? std::optional<double>(ev.accuracy) : std::nullopt;
   }
   // Whether `ev` becomes the best checkpoint: the same answer on every rank (the evaluation is
   // reduced over them, and the best so far came from rank 0).
@@ -458,7 +460,8 @@ struct Trainer::Impl {
     torch::Tensor loss;
     {
       AutocastScope amp(device.type(), autocast_dtype(), autocast());
-      loss = loss_fn(model->forward(input), target, config.loss.label_smoothing);
+      loss = own_loss ? checked_own_loss(*model, config.model.name, model->forward(input), target)
+                      : loss_fn(model->forward(input), target, config.loss.label_smoothing);
     }
     loss.backward();
     {
@@ -857,6 +860,19 @@ Trainer::Trainer(Config config, Plan plan, models::ModelPtr model, data::Dataset
   s.train_set = std::move(train);
   s.val_set = std::move(val);
   s.run_dir = std::move(run_dir);
+  s.own_loss = s.model->has_own_loss();
+  if (s.own_loss) {
+    // Its evaluations have a loss and nothing else, and label smoothing is cross-entropy's.
+    if (s.config.checkpoint.best == "accuracy" || s.config.checkpoint.best == "top5") {
+      throw ConfigError("key 'checkpoint.best': " + s.config.checkpoint.best + ", but model '" + s.config.model.name +
+                        "' has its own loss, and its evaluations report that loss alone; use loss or none");
+    }
+    if (s.config.loss.label_smoothing > 0) {
+      throw ConfigError(log::str("key 'loss.label_smoothing': ", s.config.loss.label_smoothing,
+                                 ", but model '", s.config.model.name,
+                                 "' has its own loss (label smoothing is the trainer's cross-entropy's); set it to 0"));
+    }
+  }
   if (s.config.checkpoint.best != "none") {
     if (!s.val_set) {
       throw ConfigError("key 'checkpoint.best': " + s.config.checkpoint.best +
@@ -957,6 +973,16 @@ EvalResult Trainer::evaluate() {
   constexpr int64_t kTop = 5;
   while (auto batch = loader.next()) {
     auto b = s.to_device(*batch);
+    if (s.own_loss) {  // the mean of the model's loss over samples; no accuracy
+      torch::Tensor loss;
+      {
+        AutocastScope amp(s.device.type(), s.autocast_dtype(), s.autocast());
+        loss = checked_own_loss(*s.model, s.config.model.name, s.model->forward(b.input), b.target);
+      }
+      loss_sum += loss.detach().to(torch::kDouble) * static_cast<double>(b.size());
+      counted += b.size();
+      continue;
+    }
     const bool token_targets = b.target.dim() > 1;
     torch::Tensor logits, flat_target;
     {
@@ -985,6 +1011,7 @@ EvalResult Trainer::evaluate() {
     counted += valid.sum();
   }
   s.model->train();
+  result.has_accuracy = !s.own_loss;
   result.samples = counted.item<int64_t>();
   double loss_total = loss_sum.item<double>();
   double correct_total = static_cast<double>(correct.item<int64_t>());
@@ -1002,7 +1029,7 @@ EvalResult Trainer::evaluate() {
   }
   if (result.samples > 0) {
     result.loss = loss_total / static_cast<double>(result.samples);
-    result.accuracy = correct_total / static_cast<double>(result.samples);
+    if (result.has_accuracy) result.accuracy = correct_total / static_cast<double>(result.samples);
     if (result.has_top5) result.top5 = correct5_total / static_cast<double>(result.samples);
   }
   return result;
@@ -1110,14 +1137,14 @@ FitResult Trainer::fit(const std::string& resume) {
   auto evaluate_and_log = [&](bool record = true) {
     const EvalResult ev = evaluate();
     if (ev.samples == 0) return ev;
-    log::info(log::str("eval step ", s.step, " | loss ", log::fixed(ev.loss, 4), " | top-1 ",
-                       log::fixed(100.0 * ev.accuracy, 2), "%",
+    log::info(log::str("eval step ", s.step, " | loss ", log::fixed(ev.loss, 4),
+                       ev.has_accuracy ? " | top-1 " + log::fixed(100.0 * ev.accuracy, 2) + "%" : std::string(),
                        ev.has_top5 ? " | top-5 " + log::fixed(100.0 * ev.top5, 2) + "%" : std::string(), " (",
                        ev.samples, " samples)"));
     if (!record) return ev;
     MetricRecord r;
-    r.add("step", s.step).add("epoch", s.epoch_progress()).add("split", "val").add("loss", ev.loss)
-        .add("accuracy", ev.accuracy);
+    r.add("step", s.step).add("epoch", s.epoch_progress()).add("split", "val").add("loss", ev.loss);
+    if (ev.has_accuracy) r.add("accuracy", ev.accuracy);
     if (ev.has_top5) r.add("top5", ev.top5);
     r.add("samples", ev.samples);
     s.record(r);
@@ -1208,11 +1235,13 @@ FitResult Trainer::fit(const std::string& resume) {
         // micro-batches and ranks. Their sums are divided by a fixed divisor here, and the
         // gradients rescaled to the mean over every target of the global batch after the step's
         // count is known on all ranks (see token_loss_rescale below).
-        const bool token_targets = batch.target.dim() > 1;
+        const bool token_targets = !s.own_loss && batch.target.dim() > 1;
         torch::Tensor loss, has_target;
         {
           AutocastScope amp(s.device.type(), s.autocast_dtype(), s.autocast());
-          if (token_targets) {
+          if (s.own_loss) {
+            loss = checked_own_loss(*s.model, s.config.model.name, s.model->forward(batch.input), batch.target);
+          } else if (token_targets) {
             // Logits only where there is a target (MLM: 15 % of the positions).
             has_target = batch.target.ne(data::kIgnoreIndex);
             loss = loss_fn(s.model->forward_selected(batch.input, has_target), batch.target.masked_select(has_target),

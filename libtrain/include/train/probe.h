@@ -29,6 +29,10 @@ struct ProbeOptions {
   bool channels_last = false;        // channels_last parameters and 4-D inputs
   double target_fraction = 1.0;      // token tasks: share of positions with a target (MLM: data.mask_prob);
                                      // below 1 the step takes logits at those only (forward_selected)
+  // A model with its own loss (Model::has_own_loss): one sample's target (no batch dimension),
+  // repeated over the batch; undefined: zeros shaped like the model's output. num_classes and
+  // target_fraction do not apply to such a model.
+  torch::Tensor example_target;
   OptimConfig optim;                 // the optimizer (and gradient clipping) of the run
   int warmup_steps = 1;              // steps before measuring at each batch size
   int timed_steps = 3;               // steps timed by probe_throughput

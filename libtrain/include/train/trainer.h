@@ -18,12 +18,14 @@ class MetricRecord;  // train/metrics.h
 struct EvalResult {
   double loss = 0;
   double accuracy = 0;   // top-1, in [0, 1]
+  // False for a model with its own loss (Model::has_own_loss): loss only, accuracy 0.
+  bool has_accuracy = true;
   // Top-5, in [0, 1]: the target among the five highest logits (as torchvision's reference
   // scripts report it). Only for more than five classes (or tokens); with five or fewer, 0 and
   // has_top5 false.
   double top5 = 0;
   bool has_top5 = false;
-  int64_t samples = 0;
+  int64_t samples = 0;   // evaluated: samples, or for token targets the positions with a target
 };
 
 struct FitResult {

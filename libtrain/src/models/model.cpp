@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,11 @@ WeightRules Model::weight_rules() const { return {}; }
 torch::Tensor Model::forward_selected(const torch::Tensor& input, const torch::Tensor& positions) {
   const torch::Tensor logits = forward(input);
   return logits.reshape({-1, logits.size(-1)}).index_select(0, positions.reshape({-1}).nonzero().squeeze(1));
+}
+
+torch::Tensor Model::loss(const torch::Tensor& /*output*/, const torch::Tensor& /*target*/) {
+  throw std::logic_error("Model::loss: this model has no loss of its own (has_own_loss() is false); the trainer "
+                         "uses cross-entropy");
 }
 
 torch::Tensor Model::random_input(const std::vector<int64_t>& shape, const torch::TensorOptions& options) const {

@@ -11,7 +11,8 @@
 namespace train::data {
 
 // One sample. `input` has no batch dimension; `target` is a 0-d int64 class index for
-// classification, or a per-position int64 tensor (with -100 = ignore) for token tasks.
+// classification, or a per-position int64 tensor (with -100 = ignore) for token tasks, or, for a
+// model with its own loss (Model::has_own_loss), whatever that loss takes (a float for regression).
 struct Example {
   torch::Tensor input;
   torch::Tensor target;

@@ -24,6 +24,21 @@ class Model : public torch::nn::Module {
   // default selects them from forward(). A model whose output layer is costly overrides it to run
   // that layer at those positions only (BERT: the vocabulary projection and its logits).
   virtual torch::Tensor forward_selected(const torch::Tensor& input, const torch::Tensor& positions);
+  // The training objective of a model whose task is not classification over class indices
+  // (regression, a contrastive or a weighted loss). A model that overrides loss() returns true
+  // from has_own_loss(); every built-in model leaves both, and trains with the trainer's
+  // cross-entropy (loss.label_smoothing, -100 for token positions without a target).
+  //
+  // loss() gets forward(input)'s output and the collated targets (Example::target stacked: any
+  // dtype and shape the dataset gives) and returns a 0-d tensor, the mean over the micro-batch's
+  // samples: micro-batches have equal sizes, so the trainer averages their losses for the global
+  // batch, and an evaluation reports the mean of loss() weighted by batch size. It runs inside the
+  // run's autocast scope and, with tuning.cuda_graphs and capturable(), inside the capture. Such a
+  // model's evaluations have no accuracy: checkpoint.best ranks by loss, and loss.label_smoothing
+  // must stay 0. The plan's probe calls it with the first training sample's target repeated over
+  // the batch (zeros shaped like the output when the data cannot be read).
+  virtual bool has_own_loss() const { return false; }
+  virtual torch::Tensor loss(const torch::Tensor& output, const torch::Tensor& target);
   // True when the model has batch statistics (BatchNorm), so that micro-batching changes results.
   virtual bool has_batch_stats() const { return false; }
   // True for conv nets (channels_last and cudnn choices).

@@ -1,0 +1,27 @@
+#pragma once
+// Internal: a model's own loss (Model::has_own_loss), for the trainer and the plan's probe.
+#include <train/errors.h>
+#include <train/log.h>
+#include <train/models/model.h>
+
+#include <string>
+
+namespace train {
+namespace {
+
+// Model::loss, checked to be the 0-d floating-point mean the trainer averages: a loss of another
+// shape would fail in backward() with a message that names no model.
+inline torch::Tensor checked_own_loss(models::Model& model, const std::string& name, const torch::Tensor& output,
+                                      const torch::Tensor& target) {
+  torch::Tensor loss = model.loss(output, target);
+  if (!loss.defined() || loss.dim() != 0 || !loss.is_floating_point()) {
+    throw Error(log::str(name.empty() ? std::string("the model") : "model '" + name + "'", ": loss() returned ",
+                         loss.defined() ? log::str("a ", loss.scalar_type(), " tensor of shape ", loss.sizes())
+                                        : std::string("an undefined tensor"),
+                         "; it must return a 0-d floating-point tensor, the mean loss over the micro-batch"));
+  }
+  return loss;
+}
+
+}  // namespace
+}  // namespace train
