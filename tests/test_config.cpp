@@ -47,7 +47,7 @@ std::string config_error(const std::string& yaml, const std::vector<std::string>
 
 // Every field of every section, for whole-config comparisons.
 auto fields(const train::ModelConfig& m) {
-  return std::tie(m.name, m.num_classes, m.in_channels, m.width, m.small_input, m.init_from);
+  return std::tie(m.name, m.num_classes, m.in_channels, m.width, m.small_input, m.init_from, m.options);
 }
 auto fields(const train::DataConfig& d) {
   return std::tie(d.kind, d.root, d.train_images, d.train_labels, d.val_images, d.val_labels,
@@ -99,6 +99,8 @@ Config unusual_config() {
   c.model.width = 0.5;
   c.model.small_input = true;
   c.model.init_from = "null";  // a string, so it must be quoted
+  c.model.options = train::ModelOptions(
+      {{"hidden", "256"}, {"act-fn", "gelu: fast"}, {"flag", "on"}, {"empty", ""}, {"note", "# not a comment"}});
   c.data.kind = "idx";
   c.data.root = "/data/with: colon # and hash";
   c.data.train_images = "";
@@ -748,4 +750,55 @@ TEST_CASE("docs/config.md is the generated reference", "[config]") {
   const std::string committed((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   INFO("docs/config.md is stale; regenerate it: build/bin/train config --reference > docs/config.md");
   CHECK(committed == train::config_reference());
+}
+
+TEST_CASE("model.options: a map of scalars for a program's own model, read with typed getters", "[config]") {
+  SECTION("read from the file and --set, each option located") {
+    const Config c = parse_config(
+        "model: {name: mine, options: {hidden: 256, scale: 0.5, act: gelu, residual: on}}\n" + kModelAndData.substr(kModelAndData.find('\n') + 1) +
+            "trainer: {global_batch: 8, epochs: 1}\n",
+        "test.yaml", {"model.options.hidden=512", "model.options.extra='x y'"});
+    const train::ModelOptions& o = c.model.options;
+    CHECK(o.get_int("hidden", 0) == 512);  // the override wins
+    CHECK(o.get_float("scale", 1) == 0.5);
+    CHECK(o.get_string("act", "relu") == "gelu");
+    CHECK(o.get_bool("residual", false));
+    CHECK(o.get_string("extra", "") == "x y");
+    CHECK(o.get_int("absent", 7) == 7);  // not given: the fallback
+    CHECK_FALSE(o.has("other"));
+    CHECK(o.unasked().empty());
+    CHECK(o.asked().count("absent") == 1);
+    CHECK(c.where("model.options.scale") == "test.yaml:1:51");
+    CHECK(c.where("model.options.hidden") == "--set model.options.hidden=512");
+    // A value of another type names the option.
+    CHECK_THROWS_WITH(o.get_int("act", 0), Contains("key 'model.options.act': expected an int, got 'gelu'"));
+    CHECK_THROWS_WITH(o.get_bool("scale", false), Contains("key 'model.options.scale': expected a bool"));
+    CHECK_THROWS_AS(o.get_float("act", 0), ConfigError);
+    // --set of the whole map replaces it.
+    const Config replaced = parse_config("model: {name: mine, options: {a: 1}}\n" + kRequired.substr(kRequired.find('\n') + 1), "test.yaml",
+                                         {"model.options={b: 2}"});
+    CHECK(replaced.model.options.values() == std::map<std::string, std::string>{{"b", "2"}});
+  }
+  SECTION("what is not a map of named scalars is an error naming the line") {
+    CHECK_THAT(config_error("model: {name: mine, options: [1, 2]}\n" + kRequired.substr(kRequired.find('\n') + 1)),
+               Contains("test.yaml:1:30: key 'model.options': expected a map of settings"));
+    CHECK_THAT(config_error("model:\n  name: mine\n  options: {hidden: {a: 1}}\n" +
+                            kRequired.substr(kRequired.find('\n') + 1)),
+               Contains("test.yaml:3:21: key 'model.options.hidden': expected a number, bool or string, got a map"));
+    CHECK_THAT(config_error("model:\n  name: mine\n  options: {a: 1, a: 2}\n" + kRequired.substr(kRequired.find('\n') + 1)),
+               Contains("key 'model.options.a': duplicate key"));
+    CHECK_THAT(config_error(kRequired, {"model.options.a.b=1"}), Contains("key 'model.options.a.b': option names are"));
+    CHECK_THAT(config_error(kRequired, {"model.options.a=[1]"}),
+               Contains("key 'model.options.a': expected a number, bool or string, got a list"));
+    CHECK_THAT(config_error(kRequired, {"model.option.a=1"}), Contains("unknown key"));
+  }
+  SECTION("config_changes names the map when an option changes") {
+    const Config a = parse_config(kRequired, "a.yaml", {"model.options.hidden=256"});
+    const Config b = parse_config(kRequired, "b.yaml", {"model.options.hidden=512"});
+    const auto changes = train::config_changes(a, b);
+    REQUIRE(changes.size() == 1);
+    CHECK(changes[0].key == "model.options");
+    CHECK(changes[0].before == "{hidden: 256}");
+    CHECK(changes[0].after == "{hidden: 512}");
+  }
 }

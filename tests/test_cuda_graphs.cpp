@@ -79,6 +79,34 @@ void register_waiting_cnn() {
   (void)once;
 }
 
+// A capturable model with its own loss: the class index read as a number to regress.
+class GraphRegressor : public models::Model {
+ public:
+  explicit GraphRegressor(const ModelConfig& c) {
+    conv = register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(c.in_channels, 8, 3).padding(1)));
+    fc = register_module("fc", torch::nn::Linear(8, 1));
+  }
+  bool capturable() const override { return true; }
+  torch::Tensor forward(const torch::Tensor& x) override {
+    return fc->forward(torch::relu(conv->forward(x)).mean({2, 3}));
+  }
+  bool has_own_loss() const override { return true; }
+  torch::Tensor loss(const torch::Tensor& output, const torch::Tensor& target) override {
+    return torch::mse_loss(output.squeeze(1).to(torch::kFloat), target.to(torch::kFloat));
+  }
+  torch::nn::Conv2d conv{nullptr};
+  torch::nn::Linear fc{nullptr};
+};
+
+void register_graph_regressor() {
+  static const bool once = [] {
+    models::register_model("graph_regressor", [](const ModelConfig& c) { return std::make_shared<GraphRegressor>(c); },
+                           "a capturable model with its own loss (tests)");
+    return true;
+  }();
+  (void)once;
+}
+
 // schedule: cosine gives a new LR every step, which a replay must read from the GPU; constant
 // (after the same warmup) does not depend on the run's length, for runs of different lengths
 // that must agree step for step.
@@ -245,4 +273,17 @@ TEST_CASE("cuda: a model that waits for the GPU in its forward fails to capture 
   INFO(next.log);
   CHECK(next.error.empty());
   CHECK(next.result.graph_replays == 5);  // 2 eager, 1 on the capture stream, then the capture and replays
+}
+
+TEST_CASE("cuda: a model with its own loss is captured and replays like its eager steps", "[cuda][graphs]") {
+  TRAIN_SKIP_WITHOUT_CUDA("no CUDA device visible: CUDA graphs are checked by scripts/gpu-check on a GPU machine");
+  register_graph_regressor();
+  const Outcome eager = train_with(graph_config("graph_regressor", "off", 20), std::make_shared<CountedImages>(kNever, kNever));
+  const Outcome graphed = train_with(graph_config("graph_regressor", "on", 20), std::make_shared<CountedImages>(kNever, kNever));
+  INFO(graphed.log);
+  CHECK(eager.error.empty());
+  CHECK(graphed.error.empty());
+  CHECK(graphed.result.graph_replays == 17);
+  check_close(eager.params, graphed.params, 1e-5);
+  CHECK(graphed.result.train_loss == Approx(eager.result.train_loss).epsilon(1e-4));
 }

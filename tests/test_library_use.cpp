@@ -571,3 +571,53 @@ TEST_CASE("library_use: a model with its own loss trains a regression", "[librar
   }
   files::remove_all(tmp);
 }
+
+// model.options carry a program's own model's settings from YAML to its builder; an option the
+// builder does not read is an error located in the file.
+TEST_CASE("library_use: model.options reach a program's model builder and unread ones are errors", "[library_use]") {
+  models::register_model("test_options_mlp", [](const ModelConfig& c) {
+    const int64_t hidden = c.options.get_int("hidden", 16);
+    const bool bias = c.options.get_bool("bias", true);
+    auto model = std::make_shared<Regressor>();
+    model->replace_module("fc", torch::nn::Linear(torch::nn::LinearOptions(8, hidden).bias(bias)));
+    return model;
+  }, "a regression whose width comes from model.options");
+  const std::string tmp = files::make_temp_directory("train_test_model_options_");
+  RunOptions options;
+  options.train_data = std::make_shared<LinearTargets>(64);
+  const auto config_with = [&tmp](const std::string& model_options) {
+    return parse_config("model:\n  name: test_options_mlp\n  options: " + model_options + "\n" +
+                        "data: {kind: custom, workers: 0}\n"
+                        "trainer: {global_batch: 16, max_steps: 1, device: cpu, threads: 1}\n"
+                        "tuning: {micro_batch: 16, cache_dir: " + files::join(tmp, "cache") + "}\n",
+                        "options.yaml");
+  };
+  {
+    RunParts run = prepare_run(config_with("{hidden: 3, bias: off}"), options);
+    const auto params = run.model->named_parameters();
+    CHECK(params.find("fc.weight")->sizes() == std::vector<int64_t>{3, 8});
+    CHECK(params.find("fc.bias") == nullptr);
+  }
+  try {
+    prepare_run(config_with("{hidden: 3, hiden: 4}"), options);
+    FAIL("an option the builder does not read was accepted");
+  } catch (const ConfigError& e) {
+    CHECK_THAT(e.what(), Catch::StartsWith("options.yaml:3:31: key 'model.options.hiden': model 'test_options_mlp' "
+                                           "does not read this option; did you mean 'hidden'? (it reads: bias, hidden)"));
+  }
+  try {
+    prepare_run(config_with("{hidden: wide}"), options);
+    FAIL("a value of the wrong type was accepted");
+  } catch (const ConfigError& e) {
+    CHECK_THAT(e.what(), Catch::StartsWith("options.yaml:3:21: key 'model.options.hidden': expected an int, got 'wide'"));
+  }
+  // A built-in model reads none.
+  Config builtin = parse_config("model: {name: mlp, in_channels: 1, num_classes: 4, options: {depth: 3}}\n"
+                                "data: {kind: custom}\ntrainer: {global_batch: 8, max_steps: 1, device: cpu}\n",
+                                "builtin.yaml");
+  RunOptions images;
+  images.train_data = std::make_shared<Brightness>();
+  CHECK_THROWS_WITH(prepare_run(builtin, images),
+                    Catch::Contains("key 'model.options.depth': model 'mlp' does not read this option (it reads no options)"));
+  files::remove_all(tmp);
+}

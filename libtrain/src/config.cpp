@@ -37,9 +37,10 @@ namespace {
 // ---- Schema -----------------------------------------------------------------------------------
 
 // The value of one key; the alternative matches the key's field type in `Config`.
-using Value = std::variant<int64_t, double, bool, std::string, std::vector<double>>;
+using OptionMap = std::map<std::string, std::string>;
+using Value = std::variant<int64_t, double, bool, std::string, std::vector<double>, OptionMap>;
 
-enum class Type { Int, Float, Bool, String, Enum, FloatList };
+enum class Type { Int, Float, Bool, String, Enum, FloatList, Map };
 
 struct Bound {
   double value;
@@ -118,6 +119,8 @@ Type type_of() {
     return Type::Bool;
   } else if constexpr (std::is_same_v<Field, std::string>) {
     return Type::String;
+  } else if constexpr (std::is_same_v<Field, ModelOptions>) {
+    return Type::Map;
   } else {
     static_assert(std::is_same_v<Field, std::vector<double>>, "unsupported config field type");
     return Type::FloatList;
@@ -142,10 +145,15 @@ class SectionKeys {
     key.meaning = meaning;
     key.on_resume = on_resume_;
     const auto member = member_;
-    key.get = [member, field](const Config& c) -> Value { return (c.*member).*field; };
-    key.set = [member, field](Config& c, const Value& v) {
-      (c.*member).*field = std::get<Field>(v);
-    };
+    if constexpr (std::is_same_v<Field, ModelOptions>) {
+      key.get = [member, field](const Config& c) -> Value { return ((c.*member).*field).values(); };
+      key.set = [member, field](Config& c, const Value& v) { (c.*member).*field = ModelOptions(std::get<OptionMap>(v)); };
+    } else {
+      key.get = [member, field](const Config& c) -> Value { return (c.*member).*field; };
+      key.set = [member, field](Config& c, const Value& v) {
+        (c.*member).*field = std::get<Field>(v);
+      };
+    }
     return key;
   }
 
@@ -257,6 +265,11 @@ std::vector<Key> build_schema() {
             "BERT: fused = scaled_dot_product_attention (LibTorch 2.0+), plain = written-out softmax "
             "attention, auto = fused where available")
           .one_of({"auto", "fused", "plain"}).execution_only(),
+      model("options", &M::options,
+            "settings of a program's own model that no other model key holds, a map of scalars read by its "
+            "builder (ModelOptions in train/config.h), e.g. {hidden: 256, activation: gelu}; one at a time: "
+            "--set model.options.hidden=512. An option the model does not read is an error; built-in models "
+            "read none"),
 
       data("kind", &D::kind,
            "dataset kind; custom = datasets a program that links train::train passes to prepare_run "
@@ -824,6 +837,11 @@ std::string format_value(const Value& value) {
       for (size_t i = 0; i < v.size(); ++i) text += (i ? ", " : "") + format_float(v[i]);
       return text + "]";
     }
+    std::string operator()(const OptionMap& v) const {
+      std::string text = "{";
+      for (const auto& [name, value] : v) text += (text.size() > 1 ? ", " : "") + yaml_string(name) + ": " + yaml_string(value);
+      return text + "}";
+    }
   };
   return std::visit(Formatter{}, value);
 }
@@ -836,6 +854,7 @@ const char* type_name(Type type) {
     case Type::String: return "string";
     case Type::Enum: return "enum";
     case Type::FloatList: return "list of floats";
+    case Type::Map: return "map";
   }
   return "";
 }
@@ -958,6 +977,25 @@ double read_float(const Key& key, const YAML::Node& node, const std::string& whe
   return *value;
 }
 
+std::string key_name(const YAML::Node& key, const std::string& parent, const Origin& origin,
+                     std::map<std::string, YAML::Mark>& seen);
+
+// A model.options name: what `--set model.options.NAME=...` can address.
+std::string option_name_problem(const std::string& name) {
+  if (name.empty()) return "empty option name";
+  for (const char c : name) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-')
+      return "option names are letters, digits, '_' and '-' (they are addressed as model.options.NAME)";
+  }
+  return "";
+}
+
+// One model.options value: a scalar, kept as written.
+std::string read_option_value(const YAML::Node& node, const std::string& where, const std::string& path) {
+  if (!node.IsScalar()) fail_type(where, path, "a number, bool or string", node);
+  return node.Scalar();
+}
+
 // Converts `node` to the key's type and checks type, range, allowed values and the key's own
 // rule. `where` locates `node`; a null node counts as an empty string or an empty list.
 Value read_value(const Key& key, const YAML::Node& node, const std::string& where,
@@ -1004,6 +1042,22 @@ Value read_value(const Key& key, const YAML::Node& node, const std::string& wher
       }
       return values;
     }
+    case Type::Map: {
+      if (node.IsNull()) return OptionMap{};
+      if (!node.IsMap()) fail_type(where, key.path, "a map of settings such as {hidden: 256}", node);
+      OptionMap values;
+      std::map<std::string, YAML::Mark> seen;
+      for (const auto& entry : node) {
+        const std::string name = key_name(entry.first, key.path, origin, seen);
+        const std::string path = key.path + "." + name;
+        if (const std::string problem = option_name_problem(name); !problem.empty())
+          fail(origin.at(entry.first.Mark()), path, problem);
+        values[name] = read_option_value(entry.second, origin.at(entry.second.IsNull() ? entry.first.Mark()
+                                                                                          : entry.second.Mark()),
+                                         path);
+      }
+      return values;
+    }
   }
   return {};
 }
@@ -1028,6 +1082,14 @@ class ConfigBuilder {
               const Origin& origin) {
     key.set(config_, read_value(key, value, where, origin));
     set_at_[key.path] = where;
+    if (key.type == Type::Map) {  // each option's own place, for the errors of the model's builder
+      for (auto it = set_at_.begin(); it != set_at_.end();) {
+        it = it->first.rfind(key.path + ".", 0) == 0 ? set_at_.erase(it) : std::next(it);
+      }
+      if (value.IsMap()) {
+        for (const auto& entry : value) set_at_[key.path + "." + entry.first.Scalar()] = origin.at(entry.second.Mark());
+      }
+    }
   }
   void apply_section(const std::string& section, const YAML::Node& body, const Origin& origin);
   void check_bert_sizes() const;
@@ -1173,7 +1235,14 @@ void ConfigBuilder::apply_override(const std::string& assignment) {
   if (path.empty())
     throw ConfigError(origin.source + ": empty key; expected key=value, e.g. --set optim.lr=0.1");
   const Key* key = find_key(path);
-  if (!key) fail(origin.source, path, unknown_path_problem(path));
+  const std::string options_prefix = "model.options.";
+  const bool one_option = !key && path.rfind(options_prefix, 0) == 0;
+  if (one_option) {
+    if (const std::string problem = option_name_problem(path.substr(options_prefix.size())); !problem.empty())
+      fail(origin.source, path, problem);
+  } else if (!key) {
+    fail(origin.source, path, unknown_path_problem(path));
+  }
   // The whole value must be one YAML value: text after it ("[0.5] junk", "'mlp' junk") is an
   // error, not dropped, and so is a stray ',' (which also stalls yaml-cpp 0.7, see above).
   const std::string text = assignment.substr(equals + 1);
@@ -1206,6 +1275,13 @@ void ConfigBuilder::apply_override(const std::string& assignment) {
              "'; quote the whole value if it is one string (--set 'key=\"a b\"')");
   }
   const YAML::Node value = documents.empty() ? YAML::Node() : documents.front();
+  if (one_option) {  // one option added or replaced, the others kept
+    OptionMap options = config_.model.options.values();
+    options[path.substr(options_prefix.size())] = read_option_value(value, origin.source, path);
+    config_.model.options = ModelOptions(std::move(options));
+    set_at_[path] = origin.source;
+    return;
+  }
   assign(*key, value, origin.source, origin);
 }
 
@@ -1370,6 +1446,61 @@ Config parse_config(const std::string& yaml_text, const std::string& source_name
   builder.apply_document(yaml_text);
   for (const std::string& assignment : overrides) builder.apply_override(assignment);
   return builder.validated();
+}
+
+// ---- model.options ----------------------------------------------------------------------------
+
+const std::string* ModelOptions::find(const std::string& name) const {
+  asked_.insert(name);
+  const auto it = values_.find(name);
+  return it == values_.end() ? nullptr : &it->second;
+}
+
+bool ModelOptions::has(const std::string& name) const { return find(name) != nullptr; }
+
+namespace {
+
+[[noreturn]] void option_type_error(const std::string& name, const std::string& expected, const std::string& text) {
+  throw ConfigError("key 'model.options." + name + "': expected " + expected + ", got '" + text + "'");
+}
+
+}  // namespace
+
+int64_t ModelOptions::get_int(const std::string& name, int64_t fallback) const {
+  const std::string* text = find(name);
+  if (!text) return fallback;
+  const std::optional<int64_t> value = parse_int(*text);
+  if (!value) option_type_error(name, "an int", *text);
+  return *value;
+}
+
+double ModelOptions::get_float(const std::string& name, double fallback) const {
+  const std::string* text = find(name);
+  if (!text) return fallback;
+  const std::optional<double> value = parse_float(*text);
+  if (!value) option_type_error(name, "a float", *text);
+  return *value;
+}
+
+bool ModelOptions::get_bool(const std::string& name, bool fallback) const {
+  const std::string* text = find(name);
+  if (!text) return fallback;
+  const std::optional<bool> value = parse_bool(YAML::Node(*text));
+  if (!value) option_type_error(name, "a bool (true or false; also yes/no, on/off)", *text);
+  return *value;
+}
+
+std::string ModelOptions::get_string(const std::string& name, const std::string& fallback) const {
+  const std::string* text = find(name);
+  return text ? *text : fallback;
+}
+
+std::vector<std::string> ModelOptions::unasked() const {
+  std::vector<std::string> names;
+  for (const auto& [name, value] : values_) {
+    if (asked_.count(name) == 0) names.push_back(name);
+  }
+  return names;
 }
 
 std::string Config::where(const std::string& key_path) const {

@@ -9,6 +9,7 @@
 // This header is deliberately free of LibTorch and yaml-cpp.
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,38 @@ constexpr double kMaxSeconds = 7 * 24 * 3600;          // timeouts and grace per
 constexpr double kMaxBucketMib = 65536;                // gradient buckets
 }  // namespace limits
 
+// model.options: the settings of a program's own model that the other model keys do not hold, a
+// YAML map of scalars (`options: {hidden: 256, activation: gelu}`, or `--set model.options.hidden=512`),
+// each kept as written. Its builder reads them with the getters, which take a fallback for an
+// option that is not given and throw a ConfigError naming 'model.options.NAME' for a value of
+// another type. make_model then refuses any option the builder did not ask for (a misspelt name
+// would otherwise change nothing), naming those it did. Built-in models read none.
+class ModelOptions {
+ public:
+  ModelOptions() = default;
+  explicit ModelOptions(std::map<std::string, std::string> values) : values_(std::move(values)) {}
+
+  bool has(const std::string& name) const;
+  int64_t get_int(const std::string& name, int64_t fallback) const;
+  double get_float(const std::string& name, double fallback) const;
+  bool get_bool(const std::string& name, bool fallback) const;  // true/false, yes/no, on/off
+  std::string get_string(const std::string& name, const std::string& fallback) const;
+
+  const std::map<std::string, std::string>& values() const { return values_; }
+  bool empty() const { return values_.empty(); }
+  // The names a getter or has() asked for, given or not, and the given ones no getter asked for.
+  const std::set<std::string>& asked() const { return asked_; }
+  std::vector<std::string> unasked() const;
+
+  bool operator==(const ModelOptions& other) const { return values_ == other.values_; }
+  bool operator!=(const ModelOptions& other) const { return !(*this == other); }
+
+ private:
+  const std::string* find(const std::string& name) const;
+  std::map<std::string, std::string> values_;
+  mutable std::set<std::string> asked_;
+};
+
 struct ModelConfig {
   std::string name;              // registry name, e.g. "resnet18" (required)
   int64_t num_classes = 10;
@@ -58,6 +91,7 @@ struct ModelConfig {
   int64_t pad_id = -1;           // padding id, masked out of attention; -1 = the data's (else 0)
   double dropout = 0.1;          // hidden and attention-probability dropout
   std::string attention = "auto";  // auto | fused | plain
+  ModelOptions options;          // a program's own model's settings (see ModelOptions)
 };
 
 struct DataConfig {

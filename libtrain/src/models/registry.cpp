@@ -91,13 +91,24 @@ ModelPtr make_model(const ModelConfig& config) {
   // Built outside the lock: building can be slow, and a builder may itself use the registry.
   // A builder rejects sizes it cannot build with std::invalid_argument: a config error. (The
   // config's own checks catch the known cases first, naming the exact key.)
+  ModelConfig fresh = config;  // model.options: counts what this builder asks for
+  fresh.options = ModelOptions(config.options.values());
   ModelPtr model;
   try {
-    model = builder(config);
+    model = builder(fresh);
   } catch (const std::invalid_argument& e) {
     throw ConfigError("key 'model.name': cannot build '" + config.name + "' from the model.* keys: " + e.what());
   }
   if (!model) throw Error("model builder for '" + config.name + "' returned no model");
+  // An option the builder never asked for changed nothing: most likely a misspelt name.
+  if (const std::vector<std::string> unasked = fresh.options.unasked(); !unasked.empty()) {
+    const std::vector<std::string> asked(fresh.options.asked().begin(), fresh.options.asked().end());
+    const std::string suggestion = detail::closest_match(unasked.front(), asked);
+    throw ConfigError("key 'model.options." + unasked.front() + "': model '" + config.name +
+                      "' does not read this option" +
+                      (!suggestion.empty() ? "; did you mean '" + suggestion + "'?" : std::string()) +
+                      (asked.empty() ? " (it reads no options)" : " (it reads: " + join(asked) + ")"));
+  }
   return model;
 }
 
