@@ -76,21 +76,29 @@ class LinearTargets : public data::Dataset {
   int64_t size_, offset_;
 };
 
-// A model with its own loss: mean squared error. `bad` returns the per-sample losses instead of
-// their mean.
+// A model with its own loss, mean squared error, and two measures of its own. Its flaws: a loss of
+// one value per sample instead of their mean, or one measure's sum missing.
+enum class Flaw { kNone, kLossPerSample, kSumMissing };
 class Regressor : public models::Model {
  public:
-  explicit Regressor(bool bad = false) : fc_(register_module("fc", torch::nn::Linear(8, 1))), bad_(bad) {}
+  explicit Regressor(Flaw flaw = Flaw::kNone) : fc_(register_module("fc", torch::nn::Linear(8, 1))), flaw_(flaw) {}
   torch::Tensor forward(const torch::Tensor& x) override { return fc_(x); }
   bool has_own_loss() const override { return true; }
   torch::Tensor loss(const torch::Tensor& output, const torch::Tensor& target) override {
     const torch::Tensor squared = (output.to(torch::kFloat) - target).pow(2);
-    return bad_ ? squared.sum(1) : squared.mean();
+    return flaw_ == Flaw::kLossPerSample ? squared.sum(1) : squared.mean();
+  }
+  // Mean absolute error (lower is better) and the share of predictions within 0.05 (higher).
+  std::vector<EvalMetric> eval_metrics() const override { return {{"mae", false}, {"within_5pc", true}}; }
+  std::vector<torch::Tensor> eval_sums(const torch::Tensor& output, const torch::Tensor& target) override {
+    const torch::Tensor error = (output.to(torch::kFloat) - target).abs();
+    if (flaw_ == Flaw::kSumMissing) return {error.sum()};
+    return {error.sum(), error.lt(0.05).sum()};
   }
 
  private:
   torch::nn::Linear fc_;
-  bool bad_;
+  Flaw flaw_;
 };
 
 Config regression_config(const std::string& tmp, const std::string& extra) {
@@ -485,14 +493,17 @@ TEST_CASE("library_use: bert_example pretokenize rejects a directory as TEXT", "
 TEST_CASE("library_use: a model with its own loss trains a regression", "[library_use]") {
   models::register_model("test_regressor", [](const ModelConfig&) { return std::make_shared<Regressor>(); },
                          "linear regression with mean squared error");
-  models::register_model("test_bad_regressor", [](const ModelConfig&) { return std::make_shared<Regressor>(true); },
+  models::register_model("test_bad_regressor",
+                         [](const ModelConfig&) { return std::make_shared<Regressor>(Flaw::kLossPerSample); },
                          "a loss of one value per sample");
+  models::register_model("test_bad_sums", [](const ModelConfig&) { return std::make_shared<Regressor>(Flaw::kSumMissing); },
+                         "one of two measures missing");
   const std::string tmp = files::make_temp_directory("train_test_own_loss_");
   RunOptions options;
   options.train_data = std::make_shared<LinearTargets>(64);
   options.val_data = std::make_shared<LinearTargets>(32, 1000);
 
-  const Config config = regression_config(tmp, "checkpoint: {best: loss}\n");
+  const Config config = regression_config(tmp, "checkpoint: {best: mae}\n");
   RunParts run = prepare_run(config, options);
   CHECK(run.plan.memory.source.find("probe on cpu") != std::string::npos);  // the probe took the model's loss
   FitOptions fit;
@@ -517,16 +528,37 @@ TEST_CASE("library_use: a model with its own loss trains a regression", "[librar
       xs.push_back(example.input);
       ys.push_back(example.target);
     }
-    const double mse = run.model->loss(run.model->forward(torch::stack(xs)), torch::stack(ys)).item<double>();
+    const torch::Tensor output = run.model->forward(torch::stack(xs));
+    const double mse = run.model->loss(output, torch::stack(ys)).item<double>();
     CHECK(result.val.loss == Approx(mse).epsilon(1e-5));
+    // And its own measures are their means over the validation set.
+    const torch::Tensor error = (output - torch::stack(ys)).abs();
+    REQUIRE(result.val.metrics.size() == 2);
+    CHECK(result.val.metrics[0].first == "mae");
+    CHECK(result.val.metrics[0].second == Approx(error.mean().item<double>()).epsilon(1e-5));
+    CHECK(result.val.metrics[1].first == "within_5pc");
+    CHECK(result.val.metrics[1].second == Approx(error.lt(0.05).to(torch::kDouble).mean().item<double>()));
   }
-  // Its rows have a loss and no accuracy; best.pt follows the loss.
+  // Its rows have a loss and its measures, no accuracy; best.pt follows the mean absolute error.
   const std::string metrics = read_text(files::join(fit.run_dir, "metrics.jsonl"));
   CHECK(metrics.find("\"split\":\"val\"") != std::string::npos);
   CHECK(metrics.find("accuracy") == std::string::npos);
-  CHECK(result.best_metric == "loss");
+  CHECK(metrics.find("\"mae\":") != std::string::npos);
+  CHECK(metrics.find("\"within_5pc\":") != std::string::npos);
+  CHECK(result.best_metric == "mae");
   CHECK(result.best_step == 200);
   CHECK(files::is_regular_file(files::join(fit.run_dir, "checkpoints/best.pt")));
+  // A measure where higher is better is ranked that way (0.78 at step 100, 1.0 at 200).
+  {
+    const Config hits = regression_config(tmp, "checkpoint: {best: within_5pc}\n");
+    RunParts r = prepare_run(hits, options);
+    FitOptions f;
+    f.run_dir = files::join(tmp, "run-hits");
+    const FitReport hit_report = fit_in_run_dir(hits, r, f);
+    CHECK(hit_report.result.best_metric == "within_5pc");
+    CHECK(hit_report.result.best_step == 200);
+    CHECK(hit_report.result.best_value == 1.0);
+  }
 
   // Micro-batches of 4 with 4 accumulation steps give the weights of whole batches of 16: the
   // trainer averages the model's per-micro-batch means.
@@ -553,6 +585,10 @@ TEST_CASE("library_use: a model with its own loss trains a regression", "[librar
     Config accuracy = regression_config(tmp, "checkpoint: {best: accuracy}\n");
     CHECK_THROWS_WITH(Trainer(accuracy, r.plan, r.model, r.train, r.val, ""),
                       Catch::Contains("key 'checkpoint.best': accuracy") && Catch::Contains("has its own loss"));
+    Config unknown = regression_config(tmp, "checkpoint: {best: mse}\n");
+    CHECK_THROWS_WITH(Trainer(unknown, r.plan, r.model, r.train, r.val, ""),
+                      Catch::Contains("key 'checkpoint.best': 'mse' is not a measure of model 'test_regressor'") &&
+                          Catch::Contains("(they report: loss, mae, within_5pc)"));
     Config smoothing = regression_config(tmp, "loss: {label_smoothing: 0.1}\n");
     CHECK_THROWS_WITH(Trainer(smoothing, r.plan, r.model, r.train, r.val, ""),
                       Catch::Contains("key 'loss.label_smoothing'") && Catch::Contains("set it to 0"));
@@ -568,6 +604,12 @@ TEST_CASE("library_use: a model with its own loss trains a regression", "[librar
     RunParts r = prepare_run(bad, options);
     Trainer trainer(bad, r.plan, r.model, r.train, r.val, "");
     CHECK_THROWS_WITH(trainer.fit(), Catch::Contains("model 'test_bad_regressor': loss() returned"));
+    CHECK_THROWS_WITH(trainer.evaluate(), Catch::Contains("model 'test_bad_regressor': loss() returned"));
+    bad.model.name = "test_bad_sums";
+    RunParts sums = prepare_run(bad, options);
+    Trainer evaluating(bad, sums.plan, sums.model, sums.train, sums.val, "");
+    CHECK_THROWS_WITH(evaluating.evaluate(), Catch::Contains("model 'test_bad_sums': eval_sums() returned 1 value(s) "
+                                                             "for the 2 metric(s) eval_metrics() names"));
   }
   files::remove_all(tmp);
 }

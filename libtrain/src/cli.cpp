@@ -221,6 +221,7 @@ int cmd_eval(const CommonArgs& args, const std::string& checkpoint) {
     r.add("checkpoint", checkpoint).add("split", "val").add("loss", ev.loss);
     if (ev.has_accuracy) r.add("accuracy", ev.accuracy);
     if (ev.has_top5) r.add("top5", ev.top5);
+    for (const auto& [name, value] : ev.metrics) r.add(name, value);
     r.add("samples", ev.samples);
     std::cout << r.to_json() << "\n";
     return kExitOk;

@@ -553,9 +553,18 @@ std::vector<Key> build_schema() {
           .at_most(1000000),
       checkpoint("best", &CheckpointConfig::best,
                  "keep checkpoints/best.pt, the checkpoint of the evaluation with the highest top-1 accuracy "
-                 "(accuracy), top-5 accuracy (top5) or lowest loss (loss), whatever keep_last prunes; "
+                 "(accuracy), top-5 accuracy (top5) or lowest loss (loss), or the best value of a measure the "
+                 "model itself reports (Model::eval_metrics, by its name), whatever keep_last prunes; "
                  "best.json beside it names its step and value; none = off")
-          .one_of({"none", "accuracy", "top5", "loss"}),
+          .checked_by(
+              [](const std::string& v) -> std::string {
+                const bool word = !v.empty() && std::all_of(v.begin(), v.end(), [](char c) {
+                  return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+                });
+                return word ? "" : "must be none, accuracy, top5, loss or the name of a measure the model reports "
+                                   "(letters, digits and '_'), got '" + v + "'";
+              },
+              "none, accuracy, top5, loss, or a model's metric name"),
       checkpoint("async", &CheckpointConfig::async,
                  "write checkpoints on a background thread: the training loop pays for a copy in host memory "
                  "(kept for the next checkpoint), not for the disk; the last checkpoint and one before a stop "
@@ -690,7 +699,7 @@ constexpr KeyAlias kKeyAliases[] = {
     {"save_steps", "checkpoint.every_steps", ""},
     {"save_total_limit", "checkpoint.keep_last", ""},
     {"train_time_interval", "checkpoint.every_minutes", ""},
-    {"metric_for_best_model", "checkpoint.best", "accuracy, top5 or loss (none = off)"},
+    {"metric_for_best_model", "checkpoint.best", "accuracy, top5, loss or a model's metric (none = off)"},
     {"load_best_model_at_end", "checkpoint.best", "accuracy, top5 or loss: keeps checkpoints/best.pt"},
     {"save_top_k", "checkpoint.best", "accuracy, top5 or loss: keeps checkpoints/best.pt"},
     {"early_stopping_patience", "trainer.early_stop_patience", ""},

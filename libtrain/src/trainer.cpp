@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <limits>
 #include <optional>
@@ -195,9 +196,17 @@ class BufferSnapshot {
 }  // namespace
 
 // "accuracy 91.23% at step 1872", "loss 0.4312 at step 1872".
+// " | mae 0.0312 | hit_rate 0.9140": the model's own measures (Model::eval_metrics).
+static std::string describe_metrics(const EvalResult& ev) {
+  std::string text;
+  for (const auto& [name, value] : ev.metrics) text += " | " + name + " " + log::fixed(value, 4);
+  return text;
+}
+
+// A model's own metric (Model::eval_metrics): "mae 0.0312 at step 1872".
 static std::string describe_best(const BestCheckpoint& best) {
-  return log::str(best.metric, " ",
-                  best.metric == "loss" ? log::fixed(best.value, 4) : log::fixed(100.0 * best.value, 2) + "%",
+  const bool percent = best.metric == "accuracy" || best.metric == "top5";
+  return log::str(best.metric, " ", percent ? log::fixed(100.0 * best.value, 2) + "%" : log::fixed(best.value, 4),
                   " at step ", best.step);
 }
 
@@ -219,6 +228,7 @@ struct Trainer::Impl {
   std::unique_ptr<dist::GradSync> sync;  // data-parallel gradient averaging (group of > 1 rank)
   bool has_buffers = false;
   bool own_loss = false;  // the model's loss() instead of cross-entropy (Model::has_own_loss)
+  std::vector<models::Model::EvalMetric> eval_metrics;  // the model's own evaluation measures
   // plan.cuda_graphs: the step captured in a CUDA graph, and the device tensors its fused
   // optimizer reads the learning rate and the skip flag (a non-finite loss) from.
   std::unique_ptr<detail::StepGraph> graph;
@@ -267,13 +277,25 @@ struct Trainer::Impl {
     if (metric == "none" || ev.samples == 0) return std::nullopt;
     if (metric == "loss") return ev.loss;
     if (metric == "top5") return ev.has_top5 ? std::optional<double>(ev.top5) : std::nullopt;
-    return ev.has_accuracy ? std::optional<double>(ev.accuracy) : std::nullopt;
+    if (metric == "accuracy") return ev.has_accuracy ? std::optional<double>(ev.accuracy) : std::nullopt;
+    for (const auto& [name, value] : ev.metrics) {
+      if (name == metric) return value;
+    }
+    return std::nullopt;
+  }
+  // Whether `value` of checkpoint.best's metric beats `best` (ties do not).
+  bool better(double value, double best_value) const {
+    const std::string& metric = config.checkpoint.best;
+    for (const auto& m : eval_metrics) {
+      if (m.name == metric) return m.higher_is_better ? value > best_value : value < best_value;
+    }
+    return better_than(metric, value, best_value);
   }
   // Whether `ev` becomes the best checkpoint: the same answer on every rank (the evaluation is
   // reduced over them, and the best so far came from rank 0).
   bool improves_best(const EvalResult& ev) const {
     const std::optional<double> value = best_metric(ev);
-    return value && std::isfinite(*value) && (!best || better_than(best->metric, *value, best->value));
+    return value && std::isfinite(*value) && (!best || better(*value, best->value));
   }
   // trainer.early_stop_patience: counts an evaluation that did (or did not) improve on the best,
   // by more than trainer.early_stop_min_delta. Called before keep_best replaces `best`.
@@ -861,6 +883,29 @@ Trainer::Trainer(Config config, Plan plan, models::ModelPtr model, data::Dataset
   s.val_set = std::move(val);
   s.run_dir = std::move(run_dir);
   s.own_loss = s.model->has_own_loss();
+  s.eval_metrics = s.model->eval_metrics();
+  {
+    std::set<std::string> names{"loss", "accuracy", "top5", "samples", "step", "epoch", "split"};
+    for (const auto& m : s.eval_metrics) {
+      const bool word = !m.name.empty() && std::all_of(m.name.begin(), m.name.end(), [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+      });
+      if (!word || !names.insert(m.name).second) {
+        throw Error("model '" + s.config.model.name + "': eval_metrics() names '" + m.name +
+                    "'; a metric's name is letters, digits and '_', used once, and not loss, accuracy, top5, "
+                    "samples, step, epoch or split");
+      }
+    }
+  }
+  if (const std::string& best = s.config.checkpoint.best;
+      best != "none" && best != "loss" && best != "accuracy" && best != "top5" &&
+      std::none_of(s.eval_metrics.begin(), s.eval_metrics.end(), [&best](const auto& m) { return m.name == best; })) {
+    std::string known = "loss";
+    if (!s.own_loss) known += ", accuracy, top5";
+    for (const auto& m : s.eval_metrics) known += ", " + m.name;
+    throw ConfigError("key 'checkpoint.best': '" + best + "' is not a measure of model '" + s.config.model.name +
+                      "''s evaluations (they report: " + known + "); or none");
+  }
   if (s.own_loss) {
     // Its evaluations have a loss and nothing else, and label smoothing is cross-entropy's.
     if (s.config.checkpoint.best == "accuracy" || s.config.checkpoint.best == "top5") {
@@ -970,6 +1015,17 @@ EvalResult Trainer::evaluate() {
   // Counted on the device and read once at the end: a read per batch would make the host wait for
   // each batch before it queues the next.
   auto counted = torch::zeros({}, torch::TensorOptions().dtype(torch::kLong).device(s.device));
+  // The model's own measures (Model::eval_metrics): their sums, as the loss's.
+  std::vector<torch::Tensor> metric_sums;
+  for (size_t i = 0; i < s.eval_metrics.size(); ++i) {
+    metric_sums.push_back(torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(s.device)));
+  }
+  const auto add_metric_sums = [&](const torch::Tensor& output, const torch::Tensor& target) {
+    if (metric_sums.empty()) return;
+    const std::vector<torch::Tensor> sums =
+        checked_eval_sums(*s.model, s.config.model.name, metric_sums.size(), output, target);
+    for (size_t i = 0; i < sums.size(); ++i) metric_sums[i] += sums[i].detach().reshape({}).to(torch::kDouble);
+  };
   constexpr int64_t kTop = 5;
   while (auto batch = loader.next()) {
     auto b = s.to_device(*batch);
@@ -977,7 +1033,9 @@ EvalResult Trainer::evaluate() {
       torch::Tensor loss;
       {
         AutocastScope amp(s.device.type(), s.autocast_dtype(), s.autocast());
-        loss = checked_own_loss(*s.model, s.config.model.name, s.model->forward(b.input), b.target);
+        const torch::Tensor output = s.model->forward(b.input);
+        loss = checked_own_loss(*s.model, s.config.model.name, output, b.target);
+        add_metric_sums(output, b.target);
       }
       loss_sum += loss.detach().to(torch::kDouble) * static_cast<double>(b.size());
       counted += b.size();
@@ -995,6 +1053,7 @@ EvalResult Trainer::evaluate() {
         logits = s.model->forward(b.input);
         flat_target = b.target.reshape({-1});
       }
+      add_metric_sums(logits, flat_target);
     }
     auto flat_logits = logits.reshape({-1, logits.size(-1)}).to(torch::kFloat);
     auto valid = flat_target.ne(-100);
@@ -1016,21 +1075,27 @@ EvalResult Trainer::evaluate() {
   double loss_total = loss_sum.item<double>();
   double correct_total = static_cast<double>(correct.item<int64_t>());
   double correct5_total = static_cast<double>(correct5.item<int64_t>());
+  std::vector<double> metric_totals;
+  for (const auto& sum : metric_sums) metric_totals.push_back(sum.item<double>());
   if (s.group) {  // every rank evaluated its own share
-    auto sums = torch::tensor({loss_total, correct_total, correct5_total, static_cast<double>(result.samples)},
-                              torch::TensorOptions().dtype(torch::kDouble))
-                    .to(s.device);
+    std::vector<double> local{loss_total, correct_total, correct5_total, static_cast<double>(result.samples)};
+    local.insert(local.end(), metric_totals.begin(), metric_totals.end());
+    auto sums = torch::tensor(local, torch::TensorOptions().dtype(torch::kDouble)).to(s.device);
     s.group->allreduce(sums, dist::ReduceOp::Sum);
     sums = sums.cpu();
     loss_total = sums[0].item<double>();
     correct_total = sums[1].item<double>();
     correct5_total = sums[2].item<double>();
     result.samples = static_cast<int64_t>(sums[3].item<double>());
+    for (size_t i = 0; i < metric_totals.size(); ++i) metric_totals[i] = sums[static_cast<int64_t>(4 + i)].item<double>();
   }
   if (result.samples > 0) {
     result.loss = loss_total / static_cast<double>(result.samples);
     if (result.has_accuracy) result.accuracy = correct_total / static_cast<double>(result.samples);
     if (result.has_top5) result.top5 = correct5_total / static_cast<double>(result.samples);
+    for (size_t i = 0; i < metric_totals.size(); ++i) {
+      result.metrics.emplace_back(s.eval_metrics[i].name, metric_totals[i] / static_cast<double>(result.samples));
+    }
   }
   return result;
 }
@@ -1139,13 +1204,15 @@ FitResult Trainer::fit(const std::string& resume) {
     if (ev.samples == 0) return ev;
     log::info(log::str("eval step ", s.step, " | loss ", log::fixed(ev.loss, 4),
                        ev.has_accuracy ? " | top-1 " + log::fixed(100.0 * ev.accuracy, 2) + "%" : std::string(),
-                       ev.has_top5 ? " | top-5 " + log::fixed(100.0 * ev.top5, 2) + "%" : std::string(), " (",
+                       ev.has_top5 ? " | top-5 " + log::fixed(100.0 * ev.top5, 2) + "%" : std::string(),
+                       describe_metrics(ev), " (",
                        ev.samples, " samples)"));
     if (!record) return ev;
     MetricRecord r;
     r.add("step", s.step).add("epoch", s.epoch_progress()).add("split", "val").add("loss", ev.loss);
     if (ev.has_accuracy) r.add("accuracy", ev.accuracy);
     if (ev.has_top5) r.add("top5", ev.top5);
+    for (const auto& [name, value] : ev.metrics) r.add(name, value);
     r.add("samples", ev.samples);
     s.record(r);
     return ev;

@@ -10,6 +10,8 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace train {
 
@@ -26,6 +28,8 @@ struct EvalResult {
   double top5 = 0;
   bool has_top5 = false;
   int64_t samples = 0;   // evaluated: samples, or for token targets the positions with a target
+  // The model's own measures (Model::eval_metrics), each the mean over `samples`, in its order.
+  std::vector<std::pair<std::string, double>> metrics;
 };
 
 struct FitResult {

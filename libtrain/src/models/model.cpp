@@ -28,6 +28,13 @@ torch::Tensor Model::loss(const torch::Tensor& /*output*/, const torch::Tensor& 
                          "uses cross-entropy");
 }
 
+std::vector<torch::Tensor> Model::eval_sums(const torch::Tensor& /*output*/, const torch::Tensor& /*target*/) {
+  if (!eval_metrics().empty()) {
+    throw std::logic_error("Model::eval_sums: a model that names eval_metrics() must compute them");
+  }
+  return {};
+}
+
 torch::Tensor Model::random_input(const std::vector<int64_t>& shape, const torch::TensorOptions& options) const {
   return torch::randn(shape, options);
 }

@@ -39,6 +39,21 @@ class Model : public torch::nn::Module {
   // the batch (zeros shaped like the output when the data cannot be read).
   virtual bool has_own_loss() const { return false; }
   virtual torch::Tensor loss(const torch::Tensor& output, const torch::Tensor& target);
+  // Measures an evaluation reports besides the loss (and, for classification, the accuracy):
+  // mean absolute error, a hit rate, anything that is a mean over samples. eval_metrics() names
+  // them (letters, digits and '_'; not loss, accuracy, top5 or samples) and says which way is
+  // better; eval_sums() returns, for one batch, one 0-d tensor per metric in that order: the sum
+  // of its per-sample values over the batch (over the positions with a target, for token targets,
+  // with the logits at those positions and their targets). The evaluation adds them up over
+  // batches and ranks and divides by the samples evaluated; metrics.jsonl's val rows, the log and
+  // EvalResult::metrics carry the means, and checkpoint.best (and with it early stopping) can rank
+  // by any of them. Called without autograd, in eval mode, inside the run's autocast scope.
+  struct EvalMetric {
+    std::string name;
+    bool higher_is_better = false;
+  };
+  virtual std::vector<EvalMetric> eval_metrics() const { return {}; }
+  virtual std::vector<torch::Tensor> eval_sums(const torch::Tensor& output, const torch::Tensor& target);
   // True when the model has batch statistics (BatchNorm), so that micro-batching changes results.
   virtual bool has_batch_stats() const { return false; }
   // True for conv nets (channels_last and cudnn choices).
