@@ -516,8 +516,8 @@ TEST_CASE("library_use: a model with its own loss trains a regression", "[librar
   CHECK(result.val.samples == 32);
 
   // The regression is learnt (the targets' variance is about 1.3).
-  auto& fc = *run.model->named_parameters().find("fc.weight");
-  CHECK(torch::allclose(fc.detach().reshape({8}), LinearTargets::weights(), 0, 0.02));
+  const torch::Tensor fc = run.model->named_parameters()["fc.weight"].detach();
+  CHECK(torch::allclose(fc.reshape({8}), LinearTargets::weights(), 0, 0.02));
   CHECK(result.val.loss < 1e-3);
   // The evaluation's loss is the model's loss over the validation set.
   {
