@@ -117,7 +117,29 @@ class TestInputNorm : public models::Model {
   torch::nn::Linear fc_;
 };
 
+// A model with its own loss and measure: the class index of the synthetic images read as a number
+// to regress (mean squared error; mean absolute error).
+class TestRegressor : public models::Model {
+ public:
+  explicit TestRegressor(int64_t in) : fc_(register_module("fc", torch::nn::Linear(in, 1))) {}
+  torch::Tensor forward(const torch::Tensor& x) override { return fc_(x.flatten(1)).squeeze(1); }
+  bool has_own_loss() const override { return true; }
+  torch::Tensor loss(const torch::Tensor& output, const torch::Tensor& target) override {
+    return torch::mse_loss(output, target.to(torch::kFloat));
+  }
+  std::vector<EvalMetric> eval_metrics() const override { return {{"abs_error", false}}; }
+  std::vector<torch::Tensor> eval_sums(const torch::Tensor& output, const torch::Tensor& target) override {
+    return {(output - target.to(torch::kFloat)).abs().sum()};
+  }
+
+ private:
+  torch::nn::Linear fc_;
+};
+
 void register_test_models() {
+  models::register_model("test_regressor", [](const ModelConfig& c) {
+    return std::make_shared<TestRegressor>(c.in_channels * 8 * 8);
+  }, "linear regression on 8x8 inputs with its own loss");
   models::register_model("test_input_norm", [](const ModelConfig& c) {
     return std::make_shared<TestInputNorm>(c.in_channels, c.num_classes);
   }, "BatchNorm on 8x8 inputs, then a linear layer");
@@ -1034,6 +1056,38 @@ TEST_CASE("trainer.early_stop_patience on 2 ranks: both stop after the same eval
   CHECK(results[1].steps == results[0].steps);
   CHECK(latest_checkpoint(files::join(run_dir, "checkpoints")) ==
         checkpoint_path(files::join(run_dir, "checkpoints"), results[0].steps));
+  files::remove_all(dir);
+}
+
+TEST_CASE("a model's own loss and measures on 2 ranks: each rank evaluates its share and the means are one process's",
+          "[dist][checkpoint]") {
+  register_test_models();
+  const std::string dir = files::make_temp_directory("train_ddp_own_loss_");
+  const Config config =
+      load_config(write_config(dir, "own", "distributed: {timeout_s: 60}\n", "test_regressor"),
+                  {"trainer.max_steps=6", "trainer.eval_every_steps=3", "checkpoint.best=abs_error",
+                   "checkpoint.every_steps=6", "tuning.micro_batch=4", "optim.lr=0.01"});
+  const std::string run_dir = files::join(dir, "run");
+  const auto results = fit_on_two_ranks(config, run_dir, "", [](data::DatasetPtr train) { return train; },
+                                        /*with_val=*/true);
+  for (const FitResult& r : results) {
+    CHECK_FALSE(r.val.has_accuracy);
+    CHECK(r.val.samples == 50);  // 25 on each rank
+    REQUIRE(r.val.metrics.size() == 1);
+    CHECK(r.val.metrics[0].first == "abs_error");
+    CHECK(r.best_metric == "abs_error");
+  }
+  CHECK(results[1].val.loss == results[0].val.loss);
+  CHECK(results[1].val.metrics[0].second == results[0].val.metrics[0].second);
+  // The final weights evaluated by one process on the whole validation set give the same means.
+  RunParts one = prepare_run(config);
+  load_model_weights(checkpoint_path(files::join(run_dir, "checkpoints"), 6), *one.model);
+  Trainer single(config, one.plan, one.model, one.train, one.val, "");
+  const EvalResult ev = single.evaluate();
+  CHECK(ev.samples == 50);
+  CHECK(ev.loss == Approx(results[0].val.loss).epsilon(1e-6));
+  REQUIRE(ev.metrics.size() == 1);
+  CHECK(ev.metrics[0].second == Approx(results[0].val.metrics[0].second).epsilon(1e-6));
   files::remove_all(dir);
 }
 
