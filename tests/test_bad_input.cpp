@@ -549,7 +549,7 @@ TEST_CASE("bad_input: bad --set overrides and flags exit 2", "[bad_input][proces
       {"--run-dir that is an existing file", kExitConfig,
        [&](const CaseDir& d) {
          d.write("notes.txt", "the user's file\n");
-         return with_config(d, {"fit", "cfg.yaml", "--run-dir", "notes.txt"}, {"run directory notes.txt: is a file", "(--run-dir)"});
+         return with_config(d, {"fit", "cfg.yaml", "--run-dir", "notes.txt"}, {"run directory notes.txt: is a file", "(--run-dir, FitOptions::run_dir)"});
        }},
       {"--run-dir under an existing file", kExitConfig,
        [&](const CaseDir& d) {

@@ -158,7 +158,7 @@ void check_run_dir(const std::string& run_dir) {
     if (files::exists(path)) {
       if (!files::is_directory(path)) {
         throw UsageError("run directory " + run_dir + ": " + (path == run_dir ? std::string() : path + " ") +
-                         "is a file, not a directory; give a directory (or a path to create) (--run-dir)");
+                         "is a file, not a directory; give a directory (or a path to create) (--run-dir, FitOptions::run_dir)");
       }
       return;
     }
@@ -209,8 +209,8 @@ FitReport train_in_run_dir(const Config& config, RunParts& run, const std::strin
     });
     // Another run may have checkpointed here between check_fit_options and the lock.
     if (resume_path.empty() && !list_checkpoints(files::join(run_dir, "checkpoints")).empty()) {
-      throw UsageError("run directory " + run_dir + " now holds checkpoints (another run wrote them); pass --resume "
-                       "auto to continue it, or --run-dir to start a new run");
+      throw UsageError("run directory " + run_dir + " now holds checkpoints (another run wrote them); continue it "
+                       "(--resume auto, FitOptions::resume \"auto\"), or start a new run in another directory");
     }
   }
   try {
@@ -308,17 +308,17 @@ void check_fit_options(const Config& config, const FitOptions& options) {
   const std::string ckpt_dir = files::join(options.run_dir, "checkpoints");
   const std::vector<std::string> existing = list_checkpoints(ckpt_dir);
   if (options.resume.empty() && !existing.empty()) {
-    throw UsageError("run directory " + options.run_dir + " already holds checkpoints; pass --resume auto to "
-                     "continue it, or --run-dir to start a new run");
+    throw UsageError("run directory " + options.run_dir + " already holds checkpoints; continue it (--resume auto, "
+                     "FitOptions::resume \"auto\"), or start a new run in another directory");
   }
   if (options.resume == "auto" && !existing.empty() && latest_checkpoint(ckpt_dir).empty()) {
     throw CheckpointError(log::str("--resume auto: none of the ", existing.size(), " checkpoint(s) in ", ckpt_dir,
                                    " can be read (each is named in a warning above), so the run cannot continue; "
-                                   "nothing was changed. Move them out of the way to start this run over, or use "
-                                   "--run-dir to start a new run"));
+                                   "nothing was changed. Move them out of the way to start this run over, or start a "
+                                   "new run in another directory"));
   }
   if (!options.resume.empty() && options.resume != "auto" && !files::exists(options.resume)) {
-    throw CheckpointError(options.resume + ": checkpoint file does not exist (--resume)");
+    throw CheckpointError(options.resume + ": checkpoint file does not exist (--resume, FitOptions::resume)");
   }
 }
 

@@ -191,7 +191,7 @@ RunDirLock::RunDirLock(const std::string& run_dir) {
     if (err != EWOULDBLOCK) throw Error("cannot lock " + path + ": " + std::strerror(err));
     throw UsageError("run directory " + run_dir + " is in use by another run" +
                      (holder.empty() ? std::string() : " (pid " + holder + ")") +
-                     "; wait for it to end, or give this run another --run-dir");
+                     "; wait for it to end, or give this run another directory");
   }
   // Who holds it, for the message above; the lock itself is the flock, not this text.
   const std::string pid = std::to_string(::getpid()) + "\n";

@@ -715,7 +715,7 @@ struct Trainer::Impl {
                     plan.micro_batch, "): ", what, ". A smaller micro-batch does not shrink this part: it holds the ",
                     log::fixed(gib, 3), " GiB of parameters, as much again of gradients and the optimizer's state (",
                     config.optim.name, "). Free ", device.str(), " (another process may hold it) or train a smaller "
-                    "model; the checkpoints written so far are intact (resume with --resume auto)");
+                    "model; the checkpoints written so far are intact (resume with --resume auto, or fit(\"auto\"))");
   }
 
   // A non-finite loss (or gradient norm) without loss scaling: trainer.on_nonfinite decides.
@@ -1563,7 +1563,7 @@ FitResult Trainer::fit(const std::string& resume) {
       break;
     }
     if (stopping && !last) {
-      log::warn(log::str("stop requested: stopped after step ", s.step, "; resume with --resume auto"));
+      log::warn(log::str("stop requested: stopped after step ", s.step, "; resume with --resume auto, or fit(\"auto\")"));
       break;
     }
   }
