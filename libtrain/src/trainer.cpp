@@ -195,7 +195,6 @@ class BufferSnapshot {
 
 }  // namespace
 
-// "accuracy 91.23% at step 1872", "loss 0.4312 at step 1872".
 // " | mae 0.0312 | hit_rate 0.9140": the model's own measures (Model::eval_metrics).
 static std::string describe_metrics(const EvalResult& ev) {
   std::string text;
@@ -203,7 +202,8 @@ static std::string describe_metrics(const EvalResult& ev) {
   return text;
 }
 
-// A model's own metric (Model::eval_metrics): "mae 0.0312 at step 1872".
+// "accuracy 91.23% at step 1872", "loss 0.4312 at step 1872", and a model's own measure
+// (Model::eval_metrics) as "mae 0.0312 at step 1872".
 static std::string describe_best(const BestCheckpoint& best) {
   const bool percent = best.metric == "accuracy" || best.metric == "top5";
   return log::str(best.metric, " ", percent ? log::fixed(100.0 * best.value, 2) + "%" : log::fixed(best.value, 4),
