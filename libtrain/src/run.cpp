@@ -285,9 +285,18 @@ size_t complete_throughput(MemoryEvidence& evidence, const std::vector<int64_t>&
 // throughput per micro-batch. Empty evidence when the user fixed the micro-batch.
 MemoryEvidence gather_evidence(const Config& config, const DeviceProfile& device, const Plan& draft,
                                models::Model& model, const std::vector<int64_t>& input_shape, int64_t num_classes,
-                               const torch::Tensor& example_target, int world_size) {
+                               const data::Dataset* train, int world_size) {
   MemoryEvidence evidence;
   if (config.tuning.micro_batch > 0 || !config.tuning.probe) return evidence;
+  // A model with its own loss is probed with a real target (the probe cannot make one up); a first
+  // sample that does not load (data.on_error skip) leaves the probe's zeros.
+  torch::Tensor example_target;
+  if (train && model.has_own_loss() && train->size() > 0) {
+    try {
+      example_target = train->get(0, config.trainer.seed).target;
+    } catch (const std::exception&) {
+    }
+  }
   PlanCache cache(config.tuning.cache_dir);
   const PlanCacheKey key = cache_key(config, device, draft, model, input_shape, world_size);
   const std::string entry = cache.dir() + "/" + key.hash() + ".json";
@@ -618,16 +627,7 @@ RunParts prepare_run_unlocated(const Config& config, const RunOptions& options) 
   // Precision and layout decide what the probe measures; the probe then bounds the micro-batch.
   const Plan draft = make_plan(config, r.device, inputs);
   apply_plan_globals(draft);  // the probe measures under the run's threads and cuDNN settings
-  // A model with its own loss is probed with a real target (the probe cannot make one up); a first
-  // sample that does not load (data.on_error skip) leaves the probe's zeros.
-  torch::Tensor example_target;
-  if (r.train && r.model->has_own_loss() && r.train->size() > 0) {
-    try {
-      example_target = r.train->get(0, config.trainer.seed).target;
-    } catch (const std::exception&) {
-    }
-  }
-  inputs.memory = gather_evidence(config, r.device, draft, *r.model, shape, num_classes, example_target,
+  inputs.memory = gather_evidence(config, r.device, draft, *r.model, shape, num_classes, r.train.get(),
                                   static_cast<int>(world_size));
   r.plan = make_plan(config, r.device, inputs);
   if (inputs.memory.source.rfind("plan cache", 0) == 0) {
