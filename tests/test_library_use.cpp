@@ -653,6 +653,19 @@ TEST_CASE("library_use: model.options reach a program's model builder and unread
   } catch (const ConfigError& e) {
     CHECK_THAT(e.what(), Catch::StartsWith("options.yaml:3:21: key 'model.options.hidden': expected an int, got 'wide'"));
   }
+  // The plan cache keys on the options too: one that shows in no parameter shape (here a switch the
+  // builder reads, as a recomputation flag would be) can still change the memory a step takes.
+  {
+    const auto probed = [&](const std::string& model_options) {
+      Config c = config_with(model_options);
+      c.tuning.micro_batch = 0;  // probe, or reuse a probe from the cache
+      c.tuning.cache_dir = files::join(tmp, "probe-cache");
+      return prepare_run(c, options).plan.memory.source;
+    };
+    CHECK_THAT(probed("{hidden: 4, bias: on}"), Catch::StartsWith("probe on cpu"));
+    CHECK_THAT(probed("{hidden: 4, bias: on}"), Catch::StartsWith("plan cache "));
+    CHECK_THAT(probed("{hidden: 4, bias: true}"), Catch::StartsWith("probe on cpu"));  // spelt otherwise: measured again
+  }
   // A built-in model reads none.
   Config builtin = parse_config("model: {name: mlp, in_channels: 1, num_classes: 4, options: {depth: 3}}\n"
                                 "data: {kind: custom}\ntrainer: {global_batch: 8, max_steps: 1, device: cpu}\n",

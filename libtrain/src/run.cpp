@@ -77,6 +77,14 @@ std::string optimizer_string(const Config& config) {
   return config.optim.name + impl;
 }
 
+// A program's own model's options (model.options): they may set its activation memory without
+// showing in a parameter shape (a sequence length, a recomputation switch). Empty for built-ins.
+std::string options_string(const Config& config) {
+  std::string s;
+  for (const auto& [name, value] : config.model.options.values()) s += (s.empty() ? "" : ", ") + name + " " + value;
+  return s;
+}
+
 std::string shape_string(const std::vector<int64_t>& shape) {
   std::string s;
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? "x" : "") + std::to_string(shape[i]);
@@ -96,6 +104,7 @@ PlanCacheKey cache_key(const Config& config, const DeviceProfile& device, const 
 #endif
   key.add("model", model_signature(model));
   key.add("model_settings", model_settings(model));
+  if (!config.model.options.empty()) key.add("model_options", options_string(config));
   key.add("input", shape_string(input_shape));
   key.add("targets", targets_string(config));
   key.add("world_size", std::to_string(world_size));
@@ -198,6 +207,7 @@ MemoryFit cpu_measurement_for_named_device(const Config& config, models::Model& 
   key.add("libtorch", compat::torch_version());
   key.add("model", model_signature(model));
   key.add("model_settings", model_settings(model));
+  if (!config.model.options.empty()) key.add("model_options", options_string(config));
   key.add("input", shape_string(options.input_shape));
   key.add("targets", targets_string(config));
   key.add("optimizer", optimizer_string(config));
