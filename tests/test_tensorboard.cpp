@@ -189,6 +189,14 @@ TEST_CASE("metrics: JSON rows and resume truncation do not depend on the global 
   // The log (train.log, error messages) too.
   CHECK(train::log::str("loss ", 2.5, " at step ", 12345) == "loss 2.5 at step 12345");
   CHECK(train::log::fixed(1234.56, 1) == "1234.6");
+  // Losses and measures: 4 decimals, or 4 significant digits where those would show 0.0000.
+  CHECK(train::log::measure(0.43216) == "0.4322");
+  CHECK(train::log::measure(2.5) == "2.5000");
+  CHECK(train::log::measure(0.001) == "0.0010");
+  CHECK(train::log::measure(1.23456e-5) == "1.235e-05");
+  CHECK(train::log::measure(-4e-7) == "-4.000e-07");
+  CHECK(train::log::measure(0.0) == "0.0000");
+  CHECK(train::log::measure(std::nan("")) == "nan");
 }
 
 namespace {

@@ -247,7 +247,7 @@ FitReport train_in_run_dir(const Config& config, RunParts& run, const std::strin
                            ? log::str(" (loader workers raised to ", result.loader_workers, ")")
                            : std::string(),
                        !result.val.samples         ? std::string()
-                       : !result.val.has_accuracy ? "; val loss " + log::fixed(result.val.loss, 4)
+                       : !result.val.has_accuracy ? "; val loss " + log::measure(result.val.loss)
                                                   : log::str("; val top-1 ", log::fixed(100.0 * result.val.accuracy, 2),
                                                              "%",
                                                              result.val.has_top5

@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <cerrno>
+#include <cmath>
 #include <charconv>
 #include <cstdio>
 #include <cstring>
@@ -134,6 +135,14 @@ std::string fixed(double value, int digits) {
   std::ostringstream out;
   out.imbue(std::locale::classic());  // see str()
   out << std::fixed << std::setprecision(digits) << value;
+  return out.str();
+}
+
+std::string measure(double value) {
+  if (value == 0.0 || !std::isfinite(value) || std::fabs(value) >= 1e-3) return fixed(value, 4);
+  std::ostringstream out;
+  out.imbue(std::locale::classic());
+  out << std::scientific << std::setprecision(3) << value;
   return out.str();
 }
 

@@ -198,7 +198,7 @@ class BufferSnapshot {
 // " | mae 0.0312 | hit_rate 0.9140": the model's own measures (Model::eval_metrics).
 static std::string describe_metrics(const EvalResult& ev) {
   std::string text;
-  for (const auto& [name, value] : ev.metrics) text += " | " + name + " " + log::fixed(value, 4);
+  for (const auto& [name, value] : ev.metrics) text += " | " + name + " " + log::measure(value);
   return text;
 }
 
@@ -206,7 +206,7 @@ static std::string describe_metrics(const EvalResult& ev) {
 // (Model::eval_metrics) as "mae 0.0312 at step 1872".
 static std::string describe_best(const BestCheckpoint& best) {
   const bool percent = best.metric == "accuracy" || best.metric == "top5";
-  return log::str(best.metric, " ", percent ? log::fixed(100.0 * best.value, 2) + "%" : log::fixed(best.value, 4),
+  return log::str(best.metric, " ", percent ? log::fixed(100.0 * best.value, 2) + "%" : log::measure(best.value),
                   " at step ", best.step);
 }
 
@@ -1202,7 +1202,7 @@ FitResult Trainer::fit(const std::string& resume) {
   auto evaluate_and_log = [&](bool record = true) {
     const EvalResult ev = evaluate();
     if (ev.samples == 0) return ev;
-    log::info(log::str("eval step ", s.step, " | loss ", log::fixed(ev.loss, 4),
+    log::info(log::str("eval step ", s.step, " | loss ", log::measure(ev.loss),
                        ev.has_accuracy ? " | top-1 " + log::fixed(100.0 * ev.accuracy, 2) + "%" : std::string(),
                        ev.has_top5 ? " | top-5 " + log::fixed(100.0 * ev.top5, 2) + "%" : std::string(),
                        describe_metrics(ev), " (",
@@ -1487,7 +1487,7 @@ FitResult Trainer::fit(const std::string& resume) {
       const double eta = step_time.mean() * static_cast<double>(s.plan.total_steps - s.step);
       result.train_loss = mean_loss;
       log::info(log::str("step ", s.step, "/", s.plan.total_steps, " ep ", log::fixed(s.epoch_progress(), 2), " | loss ",
-                         log::fixed(mean_loss, 4), " | lr ", lr, " | ", log::fixed(sps, 1), " samples/s | ",
+                         log::measure(mean_loss), " | lr ", lr, " | ", log::fixed(sps, 1), " samples/s | ",
                          log::fixed(1000.0 * elapsed / window_steps, 1), " ms/step | data ",
                          log::fixed(100.0 * waited / std::max(elapsed, 1e-9), 1), "% | ETA ", format_duration(eta)));
       MetricRecord r;

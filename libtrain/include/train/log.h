@@ -39,6 +39,10 @@ std::string str(const Args&... args) {
 // fixed(12.3456, 1) -> "12.3": a number for people, with a fixed count of decimals.
 std::string fixed(double value, int digits);
 
+// measure(0.4321) -> "0.4321", measure(1.234e-5) -> "1.234e-05": a loss or a model's measure for
+// people, 4 decimals, or 4 significant digits below 0.001 where 4 decimals would read as 0.0000.
+std::string measure(double value);
+
 // exact(0.1 / 3) -> "0.03333333333333333": the shortest text that reads back as exactly `value`,
 // for numbers that must not look equal when they differ.
 std::string exact(double value);
