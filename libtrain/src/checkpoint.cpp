@@ -106,7 +106,8 @@ void check_architecture(const std::string& saved, const torch::nn::Module& model
 // Every checkpoint has a sidecar "<file>.crc32c" with the CRC-32C and size of its bytes, written
 // after the checkpoint itself. A checkpoint without one (a crash between the two renames, or a
 // file from elsewhere) is trusted as far as its archive structure goes.
-std::string sum_path(const std::string& path) { return path + ".crc32c"; }
+constexpr const char* kSumSuffix = ".crc32c";
+std::string sum_path(const std::string& path) { return path + kSumSuffix; }
 
 std::string sum_text(uint32_t crc, uint64_t bytes) {
   char buf[64];
@@ -741,18 +742,18 @@ std::vector<std::string> remove_stale_checkpoint_temporaries(const std::string& 
     return s.size() > suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
   };
   std::vector<std::string> removed = detail::remove_stale_temporaries(dir, [&](const std::string& target) {
-    return (target.rfind("step_", 0) == 0 && (ends_with(target, ".pt") || ends_with(target, ".pt.crc32c"))) ||
-           target == "best.pt" || target == "best.pt.crc32c" || target == "best.json";
+    return (target.rfind("step_", 0) == 0 && (ends_with(target, ".pt") || ends_with(target, sum_path(".pt")))) ||
+           target == "best.pt" || target == sum_path("best.pt") || target == "best.json";
   });
   // Checksums whose checkpoint is gone (an older version's pruning, killed between the two
   // removals; a checkpoint deleted by hand): nothing reads them, and a checkpoint written later
   // under that name must not meet a stale one.
-  const std::string sidecar = ".pt.crc32c";
+  const std::string sidecar = sum_path(".pt");
   for (const auto& name : files::list_directory(dir)) {
-    const bool checksum = (name.rfind("step_", 0) == 0 || name == "best.pt.crc32c") && ends_with(name, sidecar);
+    const bool checksum = (name.rfind("step_", 0) == 0 || name == sum_path("best.pt")) && ends_with(name, sidecar);
     if (!checksum) continue;
     const std::string path = files::join(dir, name);
-    const std::string checkpoint = path.substr(0, path.size() - std::string(".crc32c").size());
+    const std::string checkpoint = path.substr(0, path.size() - std::string(kSumSuffix).size());
     if (files::exists(checkpoint) || !files::is_regular_file(path)) continue;
     log::info("removing " + path + ": the checksum of a checkpoint that is no longer there");
     files::remove_file(path);
