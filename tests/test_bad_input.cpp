@@ -468,6 +468,11 @@ TEST_CASE("bad_input: malformed configs exit 2 naming the file line:column and k
        [&](const CaseDir& d) {
          return fit(d, base + "optim: {lr: 0.1\n", {"cfg.yaml:16", "invalid YAML"});
        }},
+      {"a line indented with a tab", kExitConfig,
+       [&](const CaseDir& d) {
+         return fit(d, replace(base, "  in_channels: 1", "\tin_channels: 1"),
+                    {"cfg.yaml:3", "invalid YAML", "(line 3 is indented with a tab; YAML indents with spaces)"});
+       }},
       {"duplicate key", kExitConfig,
        [&](const CaseDir& d) {
          return fit(d, replace(base, "max_steps: 1", "max_steps: 1\n  max_steps: 2"),
@@ -531,7 +536,20 @@ TEST_CASE("bad_input: bad --set overrides and flags exit 2", "[bad_input][proces
                             {"cfg.yaml:10:17", "trainer.global_batch", "not divisible by the world size 3"});
        }},
       {"unknown flag", kExitConfig,
-       [&](const CaseDir& d) { return with_config(d, {"fit", "cfg.yaml", "--frobnicate"}, {"--frobnicate"}); }},
+       [&](const CaseDir& d) {
+         return with_config(d, {"fit", "cfg.yaml", "--frobnicate"},
+                            {"train fit: unknown option '--frobnicate' (train fit --help lists its options)"});
+       }},
+      {"misspelt flag", kExitConfig,
+       [&](const CaseDir& d) {
+         return with_config(d, {"fit", "cfg.yaml", "--resum", "auto"},
+                            {"train fit: unknown option '--resum'; did you mean '--resume'?"});
+       }},
+      {"misspelt flag with its value after '='", kExitConfig,
+       [&](const CaseDir& d) {
+         return with_config(d, {"plan", "cfg.yaml", "--world_size=2"},
+                            {"train plan: unknown option '--world_size'; did you mean '--world-size'?"});
+       }},
       {"unknown subcommand", kExitConfig,
        [&](const CaseDir& d) { return with_config(d, {"fitt", "cfg.yaml"}, {"unknown command 'fitt'", "did you mean 'fit'"}); }},
       {"eval without --checkpoint", kExitConfig,

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdint>
 #include <iomanip>
 #include <iostream>
@@ -249,6 +250,27 @@ int cmd_export(const std::string& checkpoint, const std::string& format, const s
   return kExitOk;
 }
 
+// "train fit: unknown option '--resum'; did you mean '--resume'?" for the first argument of
+// `args` that looks like an option `command` does not have; "" when there is none (CLI11's own
+// message is kept then: an extra positional argument, say).
+std::string unknown_option_message(const CLI::App& command, const std::vector<std::string>& args) {
+  std::vector<std::string> names;
+  for (const CLI::Option* option : command.get_options()) {
+    for (const auto& name : option->get_lnames()) names.push_back("--" + name);
+    for (const auto& name : option->get_snames()) names.push_back("-" + name);
+  }
+  for (const std::string& arg : args) {
+    if (arg.size() < 2 || arg[0] != '-' || std::isdigit(static_cast<unsigned char>(arg[1])) || arg == "--") continue;
+    const std::string name = arg.substr(0, arg.find('='));
+    if (std::find(names.begin(), names.end(), name) != names.end()) continue;
+    const std::string suggestion = detail::closest_match(name, names);
+    return "train " + command.get_name() + ": unknown option '" + name + "'" +
+           (suggestion.empty() ? "" : "; did you mean '" + suggestion + "'?") + " (train " + command.get_name() +
+           " --help lists its options)";
+  }
+  return "";
+}
+
 }  // namespace
 
 int run_cli(int argc, char** argv) {
@@ -344,6 +366,17 @@ int run_cli(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr && argc > 1) {
+      // CLI11 says "The following arguments were not expected: auto --resum"; name the option
+      // and the one it is probably a typo of.
+      for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+        if (sub->get_name() != argv[1]) continue;
+        const std::string message = unknown_option_message(*sub, std::vector<std::string>(argv + 2, argv + argc));
+        if (message.empty()) break;
+        std::cerr << message << "\n";
+        return kExitInvalid;
+      }
+    }
     const int code = app.exit(e);
     return code == 0 ? kExitOk : kExitInvalid;
   }

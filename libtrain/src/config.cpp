@@ -1180,15 +1180,33 @@ std::optional<std::pair<YAML::Mark, std::string>> find_stalled_yaml(const std::s
                                                                           : std::string("character")));
 }
 
+// YAML indents with spaces only, and a tab there gives yaml-cpp's "illegal map value" or "end of
+// map not found", which say nothing of the tab: " (line 2 is indented with a tab; YAML indents
+// with spaces)" for the first such line up to the error's, or "".
+std::string tab_indent_hint(const std::string& text, const YAML::Mark& mark) {
+  if (mark.is_null()) return "";
+  std::istringstream lines(text);
+  std::string line;
+  for (int n = 0; n <= mark.line && std::getline(lines, line); ++n) {
+    const size_t indent = line.find_first_not_of(" \t");
+    if (line.find('\t') < std::min(indent, line.size())) {
+      return " (line " + std::to_string(n + 1) + " is indented with a tab; YAML indents with spaces)";
+    }
+  }
+  return "";
+}
+
 void ConfigBuilder::apply_document(const std::string& text, bool positions) {
   const Origin origin{source_, positions};
   std::vector<YAML::Node> documents;
-  if (const auto stalled = find_stalled_yaml(text))
-    throw ConfigError(origin.at(stalled->first) + ": invalid YAML: " + stalled->second);
+  if (const auto stalled = find_stalled_yaml(text)) {
+    throw ConfigError(origin.at(stalled->first) + ": invalid YAML: " + stalled->second +
+                      tab_indent_hint(text, stalled->first));
+  }
   try {
     documents = YAML::LoadAll(text);
   } catch (const YAML::Exception& e) {
-    throw ConfigError(origin.at(e.mark) + ": invalid YAML: " + e.msg);
+    throw ConfigError(origin.at(e.mark) + ": invalid YAML: " + e.msg + tab_indent_hint(text, e.mark));
   }
   if (documents.empty() || (documents.size() == 1 && documents.front().IsNull()))
     throw ConfigError(source_ +
