@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <fstream>
 #include <functional>
+#include <map>
 
 #include "train/amp.h"
 #include "train/checkpoint.h"
@@ -14,6 +15,7 @@
 #include "train/safetensors.h"
 #include "train/text/tsv_dataset.h"
 #include "train/models/model.h"
+#include "train/probe.h"
 #include "train/run.h"
 
 using train::models::BertAttention;
@@ -225,6 +227,103 @@ TEST_CASE("BERT MLM: forward and backward under CPU bf16 autocast", "[bert][amp]
   }
 }
 
+namespace {
+
+// The loss and every parameter's gradient of one MLM step on `ids`, from the generator at `seed`;
+// `autocast` runs the forward in CPU bf16.
+struct StepResult {
+  double loss = 0;
+  std::map<std::string, torch::Tensor> grads;
+  torch::Tensor drawn_after;  // what the generator gives after the step
+};
+
+StepResult mlm_step(BertModel& model, const torch::Tensor& ids, uint64_t seed, bool autocast) {
+  model.train();
+  model.zero_grad();
+  torch::manual_seed(seed);
+  torch::Tensor logits;
+  {
+    train::AutocastScope scope(torch::kCPU, torch::kBFloat16, autocast);
+    logits = model.forward(ids);
+  }
+  const auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat),
+                                                         ids.reshape({-1}));
+  loss.backward();
+  StepResult r;
+  r.loss = loss.item<double>();
+  for (const auto& p : model.named_parameters()) {
+    r.grads[p.key()] = p.value().grad().defined() ? p.value().grad().clone() : torch::Tensor();
+  }
+  r.drawn_after = torch::rand({8});
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("BERT recompute: the same loss and gradients as keeping the activations, dropout and padding included",
+          "[bert][recompute]") {
+  BertOptions o = tiny(BertHead::kMaskedLM);
+  o.num_layers = 3;
+  o.dropout = o.attention_dropout = 0.2;  // masks the recomputation must draw again
+  torch::manual_seed(11);
+  BertModel plain(o);
+  o.recompute = true;
+  BertModel recomputed(o);
+  REQUIRE(recomputed.recompute());
+  {
+    torch::NoGradGuard no_grad;
+    auto from = plain.parameters(), to = recomputed.parameters();
+    for (size_t i = 0; i < from.size(); ++i) to[i].copy_(from[i]);
+  }
+  auto ids = torch::randint(1, 100, {3, 24}, torch::kLong);
+  ids[1].slice(0, 15, 24).zero_();  // padding: the attention mask goes through the recomputation too
+  for (const bool autocast : {false, true}) {
+    INFO((autocast ? "bf16 autocast" : "fp32"));
+    const StepResult a = mlm_step(plain, ids, 21, autocast);
+    const StepResult b = mlm_step(recomputed, ids, 21, autocast);
+    CHECK(a.loss == b.loss);
+    for (const auto& [name, grad] : a.grads) {
+      INFO(name);
+      REQUIRE(grad.defined());
+      REQUIRE(b.grads.at(name).defined());
+      CHECK((grad - b.grads.at(name)).abs().max().item<double>() <= 1e-6 * std::max(1.0, grad.abs().max().item<double>()));
+    }
+    // The recomputation drew its masks from a fork of the generator: what comes after the step is
+    // what comes after a plain one.
+    CHECK(torch::equal(a.drawn_after, b.drawn_after));
+  }
+  // Another seed gives other masks, and so another loss: the dropout really is in the comparison.
+  CHECK(mlm_step(plain, ids, 22, false).loss != mlm_step(plain, ids, 21, false).loss);
+  // Evaluation and no-grad forwards run the plain layers.
+  recomputed.eval();
+  plain.eval();
+  torch::NoGradGuard no_grad;
+  CHECK(torch::equal(recomputed.forward(ids), plain.forward(ids)));
+}
+
+TEST_CASE("BERT recompute: the probe measures less activation memory per sample", "[bert][recompute][probe]") {
+  train::ModelConfig config;
+  config.name = "bert-mlm";
+  config.preset = "bert-mini";  // 4 layers of 256: the activations outweigh the 1,000-token head
+  config.vocab_size = 1000;
+  config.max_positions = 64;
+  train::ProbeOptions options;
+  options.input_shape = {64};
+  options.num_classes = 1000;
+  options.device = "cpu";
+  options.target_fraction = 0.15;
+  options.optim.name = "adamw";
+  auto per_sample = [&](bool recompute) {
+    config.recompute = recompute;
+    auto model = train::models::make_model(config);
+    return train::probe_memory(*model, options, {8, 16}).per_sample_bytes;
+  };
+  const double plain = per_sample(false), recomputed = per_sample(true);
+  CAPTURE(plain, recomputed);
+  CHECK(recomputed > 0);
+  CHECK(recomputed < 0.6 * plain);
+}
+
 TEST_CASE("BERT MLM forward_selected: the head at the chosen positions equals forward() there, gradients too",
           "[bert]") {
   BertOptions o = tiny(BertHead::kMaskedLM);
@@ -295,6 +394,16 @@ TEST_CASE("BERT registry builders and config keys", "[bert]") {
   CHECK_THAT(checked->input_problem({16}, 501),
              Catch::Contains("key 'model.vocab_size'") && Catch::Contains("501 tokens"));
   CHECK_THAT(checked->input_problem({1, 28, 28}, 0), Catch::Contains("key 'model.name'"));
+
+  // model.recompute: BERT's layers only.
+  train::ModelConfig recomputed = c.model;
+  recomputed.recompute = true;
+  CHECK(dynamic_cast<BertModel&>(*train::models::make_model(recomputed)).recompute());
+  CHECK_THROWS_WITH(train::parse_config("model: {name: resnet18, recompute: true}\ndata: {kind: synthetic}\n"
+                                        "trainer: {global_batch: 8, max_steps: 1}\n",
+                                        "r.yaml"),
+                    Catch::StartsWith("r.yaml:1:35: key 'model.recompute': only the BERT models") &&
+                        Catch::Contains("model 'resnet18' keeps its activations"));
 }
 
 TEST_CASE("a checkpoint of a BERT with another head count is refused: the same shapes compute something else",

@@ -265,6 +265,12 @@ std::vector<Key> build_schema() {
             "BERT: fused = scaled_dot_product_attention (LibTorch 2.0+), plain = written-out softmax "
             "attention, auto = fused where available")
           .one_of({"auto", "fused", "plain"}).execution_only(),
+      model("recompute", &M::recompute,
+            "BERT: activation recomputation; each encoder layer keeps only its input for backward and runs "
+            "again there, with the same dropout masks: the same gradients for about a third more compute and "
+            "a fraction of the activation memory, which the plan's probe measures (a larger micro-batch, fewer "
+            "accumulation steps)")
+          .execution_only(),
       model("options", &M::options,
             "settings of a program's own model that no other model key holds, a map of scalars read by its "
             "builder (ModelOptions in train/config.h), e.g. {hidden: 256, activation: gelu}; one at a time: "
@@ -1406,6 +1412,11 @@ Config ConfigBuilder::validated() const {
 // finds them and the message points at the key's line.
 void ConfigBuilder::check_bert_sizes() const {
   const ModelConfig& model = config_.model;
+  if (model.recompute && !models::detail::is_bert_model(model.name)) {
+    fail(where_set("model.recompute"), "model.recompute",
+         "only the BERT models (bert, bert-mlm, bert-classifier) recompute their layers; model '" + model.name +
+             "' keeps its activations");
+  }
   if (!models::detail::is_bert_model(model.name)) return;
   const models::detail::BertPresetSizes* preset = models::detail::find_bert_preset(model.preset);
   if (!preset) return;  // model.preset is an enum of the presets

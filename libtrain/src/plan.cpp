@@ -260,6 +260,7 @@ Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInpu
     micro_warnings.push_back(nothing_fits_warning(mem));
   } else if (mem.max_micro_batch > 0 || mem.per_sample_bytes > 0) {
     micro_reason += "; " + describe_memory(mem);
+    if (config.model.recompute) micro_reason += ", the encoder layers recomputed in backward (model.recompute)";
   }
   plan.accum_steps = per_rank / plan.micro_batch;
   decide("micro_batch", std::to_string(plan.micro_batch), micro_reason, std::move(micro_warnings));

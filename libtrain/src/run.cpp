@@ -56,6 +56,7 @@ std::string model_settings(const models::Model& model) {
   out += (out.empty() ? "" : ", ") + (dropout > 0.0 ? "dropout " + log::fixed(dropout, 3) : std::string("no dropout"));
   if (const auto* bert = dynamic_cast<const models::BertModel*>(&model)) {
     out += bert->attention() == models::BertAttention::kFused ? ", fused attention" : ", plain attention";
+    if (bert->recompute()) out += ", recomputed layers";
   }
   return out;
 }

@@ -91,6 +91,7 @@ struct ModelConfig {
   int64_t pad_id = -1;           // padding id, masked out of attention; -1 = the data's (else 0)
   double dropout = 0.1;          // hidden and attention-probability dropout
   std::string attention = "auto";  // auto | fused | plain
+  bool recompute = false;        // BERT: recompute each encoder layer in backward instead of keeping its activations
   ModelOptions options;          // a program's own model's settings (see ModelOptions)
 };
 

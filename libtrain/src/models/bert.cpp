@@ -8,7 +8,11 @@
 
 #include "bert_presets.h"
 #include "compat.h"
+#include "train/amp.h"
 #include "train/safetensors.h"
+#ifdef TRAIN_WITH_CUDA
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#endif
 
 namespace train::models {
 namespace {
@@ -65,6 +69,9 @@ class BertLayer : public torch::nn::Module {
   // x [B, T, H]; keep [B, 1, 1, T] bool, true where a key may be attended, or undefined when every
   // key may be. `mask` is the additive mask made from keep, in the attention's dtype: the first
   // layer makes it, the others reuse it.
+  // Whether forward draws random numbers (dropout), which a recomputation must draw again.
+  bool draws_random() const { return is_training() && (attention_dropout_ > 0 || dropout_->options.p() > 0); }
+
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& keep, torch::Tensor& mask) {
     const int64_t b = x.size(0), t = x.size(1);
     // Query, key and value in one projection: one GEMM three times as wide instead of three, one
@@ -109,6 +116,99 @@ class BertLayer : public torch::nn::Module {
   torch::nn::LayerNorm attn_norm_{nullptr}, out_norm_{nullptr};
   torch::nn::Linear inter_dense_{nullptr}, out_dense_{nullptr};
   torch::nn::Dropout dropout_{nullptr};
+};
+
+// The state of the generator that dropout on `device` draws from, and setting it back.
+torch::Tensor rng_state(const torch::Device& device) {
+#ifdef TRAIN_WITH_CUDA
+  if (device.is_cuda()) {
+    auto generator = at::cuda::detail::getDefaultCUDAGenerator(device.index());
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    return generator.get_state();
+  }
+#endif
+  return device.is_cpu() ? compat::cpu_rng_state() : torch::Tensor();
+}
+
+void set_rng_state(const torch::Device& device, const torch::Tensor& state) {
+#ifdef TRAIN_WITH_CUDA
+  if (device.is_cuda()) {
+    auto generator = at::cuda::detail::getDefaultCUDAGenerator(device.index());
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(state);
+    return;
+  }
+#endif
+  if (device.is_cpu()) compat::set_cpu_rng_state(state);
+}
+
+// While alive, the generator of `device` is where it was at `state`; afterwards it is back where
+// it was before (as torch.random.fork_rng): the recomputation draws the forward's dropout masks
+// again, and what is drawn after the backward is unchanged by it.
+class RngFork {
+ public:
+  RngFork(const torch::Device& device, const torch::Tensor& state) : device_(device) {
+    if (!state.defined()) return;
+    now_ = rng_state(device_);
+    set_rng_state(device_, state);
+  }
+  ~RngFork() {
+    if (now_.defined()) set_rng_state(device_, now_);
+  }
+  RngFork(const RngFork&) = delete;
+  RngFork& operator=(const RngFork&) = delete;
+
+ private:
+  torch::Device device_;
+  torch::Tensor now_;
+};
+
+// An encoder layer whose activations are not kept for backward (BertOptions::recompute). Its
+// forward runs without autograd and keeps the layer's input, the generator's state and the
+// autocast setting; its backward runs the layer again with them, under autograd, and
+// differentiates that: the same values, masks and casts, so the gradients are those of the plain
+// layer. The parameters' gradients accumulate in that inner backward (their hooks fire there, as
+// data-parallel training's overlapped all-reduce needs); the layer's input gets its gradient from
+// the return value. The cost is the layer's forward once more per step.
+struct RecomputedLayer : torch::autograd::Function<RecomputedLayer> {
+  // `keep` by pointer: it needs no gradient, and may be undefined, which a Function's tensor
+  // arguments may not.
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor* keep_ptr, BertLayer* layer) {
+    const torch::Tensor& keep = *keep_ptr;
+    ctx->save_for_backward({x});
+    if (keep.defined()) ctx->saved_data["keep"] = keep;
+    ctx->saved_data["layer"] = reinterpret_cast<int64_t>(layer);
+    if (layer->draws_random()) {
+      const torch::Tensor state = rng_state(x.device());
+      if (state.defined()) ctx->saved_data["rng"] = state;
+    }
+    const auto type = x.device().type();
+    ctx->saved_data["autocast"] = compat::autocast_enabled(type);
+    ctx->saved_data["autocast_dtype"] = static_cast<int64_t>(compat::autocast_dtype(type));
+    torch::Tensor mask;
+    return layer->forward(x, keep, mask);  // autograd is off in a Function's forward
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const torch::Tensor x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+    const auto keep_it = ctx->saved_data.find("keep");
+    const torch::Tensor keep = keep_it != ctx->saved_data.end() ? keep_it->second.toTensor() : torch::Tensor();
+    auto* layer = reinterpret_cast<BertLayer*>(ctx->saved_data["layer"].toInt());
+    const auto rng_it = ctx->saved_data.find("rng");
+    torch::Tensor out;
+    {
+      RngFork fork(x.device(), rng_it != ctx->saved_data.end() ? rng_it->second.toTensor() : torch::Tensor());
+      AutocastScope autocast(x.device().type(), static_cast<c10::ScalarType>(ctx->saved_data["autocast_dtype"].toInt()),
+                             ctx->saved_data["autocast"].toBool());
+      torch::AutoGradMode grad_mode(true);
+      torch::Tensor mask;
+      out = layer->forward(x, keep, mask);
+    }
+    torch::autograd::backward({out}, {grads[0]});
+    return {x.grad(), torch::Tensor(), torch::Tensor()};
+  }
 };
 
 void validate(const BertOptions& o) {
@@ -232,7 +332,12 @@ torch::Tensor BertModel::encode(const torch::Tensor& input_ids, const torch::Ten
   // SDPA attention drops an all-ones mask, so that the flash kernel may run. One host read.
   if (keep.all().item<bool>()) keep = torch::Tensor();
   torch::Tensor mask;
-  for (const auto& layer : *layers_) x = layer->as<BertLayer>()->forward(x, keep, mask);
+  // Recomputation only where there is a backward to save memory for.
+  const bool recompute = options_.recompute && is_training() && torch::GradMode::is_enabled() && x.requires_grad();
+  for (const auto& layer : *layers_) {
+    auto* l = layer->as<BertLayer>();
+    x = recompute ? RecomputedLayer::apply(x, &keep, l) : l->forward(x, keep, mask);
+  }
   return x;
 }
 
@@ -345,6 +450,7 @@ ModelPtr make_bert(BertHead head, const ModelConfig& config) {
   o.attention = config.attention == "fused"   ? BertAttention::kFused
                 : config.attention == "plain" ? BertAttention::kPlain
                                               : BertAttention::kAuto;
+  o.recompute = config.recompute;
   return std::make_shared<BertModel>(o);
 }
 

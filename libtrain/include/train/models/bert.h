@@ -60,6 +60,10 @@ struct BertOptions {
   bool pooler = true;              // BertModel / classifier: true; the MLM head has none
   int64_t num_labels = 2;          // classifier outputs
   BertAttention attention = BertAttention::kAuto;
+  // Activation recomputation: in training, each encoder layer keeps only its input for backward and
+  // runs again there (with the same dropout masks) to get its gradients. About a third more
+  // compute for a fraction of the activation memory: a larger micro-batch, fewer accumulation steps.
+  bool recompute = false;
 
   // Sizes of a named preset: bert-base (L12 H768 A12), bert-small (L4 H512 A8), bert-mini
   // (L4 H256 A4), bert-tiny (L2 H128 A2) (Turc et al. 2019's compact BERTs), minilm-l6
@@ -103,6 +107,7 @@ class BertModel : public Model {
   // The attention implementation that runs (kAuto resolved for this LibTorch).
   BertAttention attention() const;
   void set_attention(BertAttention attention);
+  bool recompute() const { return options_.recompute; }
 
  private:
   BertOptions options_;
