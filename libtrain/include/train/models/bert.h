@@ -61,8 +61,8 @@ struct BertOptions {
   int64_t num_labels = 2;          // classifier outputs
   BertAttention attention = BertAttention::kAuto;
   // Activation recomputation: in training, each encoder layer keeps only its input for backward and
-  // runs again there (with the same dropout masks) to get its gradients. About a third more
-  // compute for a fraction of the activation memory: a larger micro-batch, fewer accumulation steps.
+  // runs again there (with the same dropout masks) to get its gradients: a second forward of each
+  // layer for a fraction of the activation memory (a larger micro-batch, fewer accumulation steps).
   bool recompute = false;
 
   // Sizes of a named preset: bert-base (L12 H768 A12), bert-small (L4 H512 A8), bert-mini
