@@ -292,6 +292,25 @@ TEST_CASE("BERT recompute: the same loss and gradients as keeping the activation
     // what comes after a plain one.
     CHECK(torch::equal(a.drawn_after, b.drawn_after));
   }
+  // Frozen embeddings (a program may freeze them for fine-tuning): the layers still get their
+  // gradients, the same as without recomputation.
+  for (BertModel* m : {&plain, &recomputed}) {
+    for (auto& p : m->named_parameters()) {
+      if (p.key().rfind("embeddings.", 0) == 0) p.value().requires_grad_(false);
+    }
+  }
+  const StepResult frozen_a = mlm_step(plain, ids, 23, false);
+  const StepResult frozen_b = mlm_step(recomputed, ids, 23, false);
+  CHECK(frozen_a.loss == frozen_b.loss);
+  for (const auto& [name, grad] : frozen_a.grads) {
+    INFO(name);
+    REQUIRE(grad.defined() == frozen_b.grads.at(name).defined());
+    CHECK((name.rfind("embeddings.", 0) == 0) == !grad.defined());
+    if (grad.defined()) CHECK((grad - frozen_b.grads.at(name)).abs().max().item<double>() <= 1e-6 * std::max(1.0, grad.abs().max().item<double>()));
+  }
+  for (BertModel* m : {&plain, &recomputed}) {
+    for (auto& p : m->parameters()) p.requires_grad_(true);
+  }
   // Another seed gives other masks, and so another loss: the dropout really is in the comparison.
   CHECK(mlm_step(plain, ids, 22, false).loss != mlm_step(plain, ids, 21, false).loss);
   // Evaluation and no-grad forwards run the plain layers.

@@ -332,8 +332,11 @@ torch::Tensor BertModel::encode(const torch::Tensor& input_ids, const torch::Ten
   // SDPA attention drops an all-ones mask, so that the flash kernel may run. One host read.
   if (keep.all().item<bool>()) keep = torch::Tensor();
   torch::Tensor mask;
-  // Recomputation only where there is a backward to save memory for.
-  const bool recompute = options_.recompute && is_training() && torch::GradMode::is_enabled() && x.requires_grad();
+  // Recomputation only where there is a backward to save memory for. With the embeddings frozen
+  // their output needs no gradient, and a Function whose inputs need none gets no backward: the
+  // layers' input becomes a leaf that needs one (its gradient is computed and dropped).
+  const bool recompute = options_.recompute && is_training() && torch::GradMode::is_enabled();
+  if (recompute && !x.requires_grad()) x = x.detach().requires_grad_(true);
   for (const auto& layer : *layers_) {
     auto* l = layer->as<BertLayer>();
     x = recompute ? RecomputedLayer::apply(x, &keep, l) : l->forward(x, keep, mask);
