@@ -305,7 +305,8 @@ TEST_CASE("BERT recompute: the same loss and gradients as keeping the activation
   for (const auto& [name, grad] : frozen_a.grads) {
     INFO(name);
     REQUIRE(grad.defined() == frozen_b.grads.at(name).defined());
-    CHECK((name.rfind("embeddings.", 0) == 0) == !grad.defined());
+    // (LibTorch 1.13's zero_grad leaves zeros where 2.x leaves no gradient.)
+    CHECK((name.rfind("embeddings.", 0) == 0) == (!grad.defined() || grad.abs().max().item<double>() == 0));
     if (grad.defined()) CHECK((grad - frozen_b.grads.at(name)).abs().max().item<double>() <= 1e-6 * std::max(1.0, grad.abs().max().item<double>()));
   }
   for (BertModel* m : {&plain, &recomputed}) {
