@@ -229,8 +229,8 @@ TEST_CASE("BERT MLM: forward and backward under CPU bf16 autocast", "[bert][amp]
 
 namespace {
 
-// The loss and every parameter's gradient of one MLM step on `ids`, from the generator at `seed`;
-// `autocast` runs the forward in CPU bf16.
+// The loss and every parameter's gradient of one MLM step on `ids` (on the model's device), from
+// the generators at `seed`; `autocast` runs the forward in bf16.
 struct StepResult {
   double loss = 0;
   std::map<std::string, torch::Tensor> grads;
@@ -243,7 +243,7 @@ StepResult mlm_step(BertModel& model, const torch::Tensor& ids, uint64_t seed, b
   torch::manual_seed(seed);
   torch::Tensor logits;
   {
-    train::AutocastScope scope(torch::kCPU, torch::kBFloat16, autocast);
+    train::AutocastScope scope(ids.device().type(), torch::kBFloat16, autocast);
     logits = model.forward(ids);
   }
   const auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat),
@@ -254,7 +254,7 @@ StepResult mlm_step(BertModel& model, const torch::Tensor& ids, uint64_t seed, b
   for (const auto& p : model.named_parameters()) {
     r.grads[p.key()] = p.value().grad().defined() ? p.value().grad().clone() : torch::Tensor();
   }
-  r.drawn_after = torch::rand({8});
+  r.drawn_after = torch::rand({8}, torch::TensorOptions().device(ids.device()));
   return r;
 }
 
@@ -319,6 +319,45 @@ TEST_CASE("BERT recompute: the same loss and gradients as keeping the activation
   plain.eval();
   torch::NoGradGuard no_grad;
   CHECK(torch::equal(recomputed.forward(ids), plain.forward(ids)));
+}
+
+TEST_CASE("cuda: BERT recompute on the GPU redraws the fused attention's dropout: the same loss and gradients",
+          "[bert][recompute][cuda]") {
+  TRAIN_SKIP_WITHOUT_CUDA("no CUDA device visible: recomputation on the GPU is checked by scripts/gpu-check");
+  const torch::Device cuda(torch::kCUDA, 0);
+  BertOptions o = tiny(BertHead::kMaskedLM);
+  o.num_layers = 3;
+  o.dropout = o.attention_dropout = 0.2;  // the CUDA generator's masks, in SDPA's kernels too
+  torch::manual_seed(11);
+  BertModel plain(o);
+  o.recompute = true;
+  BertModel recomputed(o);
+  plain.to(cuda);
+  recomputed.to(cuda);
+  {
+    torch::NoGradGuard no_grad;
+    auto from = plain.parameters(), to = recomputed.parameters();
+    for (size_t i = 0; i < from.size(); ++i) to[i].copy_(from[i]);
+  }
+  for (const bool padded : {false, true}) {  // no mask (the flash kernel may run) and a padding mask
+    auto ids = torch::randint(1, 100, {4, 32}, torch::kLong);
+    if (padded) ids[1].slice(0, 20, 32).zero_();
+    ids = ids.to(cuda);
+    for (const bool autocast : {false, true}) {
+      INFO((padded ? "padded, " : "unpadded, ") << (autocast ? "bf16 autocast" : "fp32"));
+      const StepResult a = mlm_step(plain, ids, 21, autocast);
+      const StepResult b = mlm_step(recomputed, ids, 21, autocast);
+      CHECK(a.loss == b.loss);
+      for (const auto& [name, grad] : a.grads) {
+        INFO(name);
+        REQUIRE(b.grads.at(name).defined());
+        // Atomics in some backward kernels (embedding, SDPA) may sum in another order.
+        CHECK((grad - b.grads.at(name)).abs().max().item<double>() <=
+              1e-4 * std::max(1.0, grad.abs().max().item<double>()));
+      }
+      CHECK(torch::equal(a.drawn_after, b.drawn_after));
+    }
+  }
 }
 
 TEST_CASE("BERT recompute: the probe measures less activation memory per sample", "[bert][recompute][probe]") {
