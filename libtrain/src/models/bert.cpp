@@ -66,12 +66,12 @@ class BertLayer : public torch::nn::Module {
     dropout_ = register_module("dropout", torch::nn::Dropout(o.dropout));
   }
 
-  // x [B, T, H]; keep [B, 1, 1, T] bool, true where a key may be attended, or undefined when every
-  // key may be. `mask` is the additive mask made from keep, in the attention's dtype: the first
-  // layer makes it, the others reuse it.
   // Whether forward draws random numbers (dropout), which a recomputation must draw again.
   bool draws_random() const { return is_training() && (attention_dropout_ > 0 || dropout_->options.p() > 0); }
 
+  // x [B, T, H]; keep [B, 1, 1, T] bool, true where a key may be attended, or undefined when every
+  // key may be. `mask` is the additive mask made from keep, in the attention's dtype: the first
+  // layer makes it, the others reuse it.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& keep, torch::Tensor& mask) {
     const int64_t b = x.size(0), t = x.size(1);
     // Query, key and value in one projection: one GEMM three times as wide instead of three, one
