@@ -461,7 +461,7 @@ TEST_CASE("BERT registry builders and config keys", "[bert]") {
   CHECK_THROWS_WITH(train::parse_config("model: {name: resnet18, recompute: true}\ndata: {kind: synthetic}\n"
                                         "trainer: {global_batch: 8, max_steps: 1}\n",
                                         "r.yaml"),
-                    Catch::StartsWith("r.yaml:1:35: key 'model.recompute': only the BERT models") &&
+                    Catch::StartsWith("r.yaml:1:36: key 'model.recompute': only the BERT models") &&
                         Catch::Contains("model 'resnet18' keeps its activations"));
 }
 
