@@ -1387,6 +1387,11 @@ Config ConfigBuilder::validated() const {
                format_number(milestones[i - 1]));
 
   check_bert_sizes();
+  if (config_.model.recompute && !models::detail::is_bert_model(config_.model.name)) {
+    fail(where_set("model.recompute"), "model.recompute",
+         "only the BERT models (bert, bert-mlm, bert-classifier) recompute their layers; model '" +
+             config_.model.name + "' keeps its activations");
+  }
 
   if (trainer.early_stop_patience > 0 && config_.checkpoint.best == "none")
     fail(where_set(blame("trainer.early_stop_patience", "checkpoint.best")),
@@ -1413,11 +1418,6 @@ Config ConfigBuilder::validated() const {
 // finds them and the message points at the key's line.
 void ConfigBuilder::check_bert_sizes() const {
   const ModelConfig& model = config_.model;
-  if (model.recompute && !models::detail::is_bert_model(model.name)) {
-    fail(where_set("model.recompute"), "model.recompute",
-         "only the BERT models (bert, bert-mlm, bert-classifier) recompute their layers; model '" + model.name +
-             "' keeps its activations");
-  }
   if (!models::detail::is_bert_model(model.name)) return;
   const models::detail::BertPresetSizes* preset = models::detail::find_bert_preset(model.preset);
   if (!preset) return;  // model.preset is an enum of the presets

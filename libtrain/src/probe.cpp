@@ -15,13 +15,13 @@
 
 #include "compat.h"
 #include "models/own_loss.h"
+#include "rng_state.h"
 #include "train/amp.h"
 #include "train/errors.h"
 #include "train/log.h"
 #include "train/optim.h"
 
 #ifdef TRAIN_WITH_CUDA
-#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/cuda/CUDAFunctions.h>
 #endif
 
@@ -183,30 +183,18 @@ void synchronize(const torch::Device& device) {
 // that a run trains the same with or without probing.
 class RngStateGuard {
  public:
-  explicit RngStateGuard(const torch::Device& device) : cpu_state_(compat::cpu_rng_state()) {
-#ifdef TRAIN_WITH_CUDA
-    if (device.is_cuda()) {
-      cuda_generator_ = at::cuda::detail::getDefaultCUDAGenerator(device.index());
-      std::lock_guard<std::mutex> lock(cuda_generator_.mutex());
-      cuda_state_ = cuda_generator_.get_state();
-    }
-#else
-    (void)device;
-#endif
-  }
+  explicit RngStateGuard(const torch::Device& device)
+      : device_(device), cpu_state_(compat::cpu_rng_state()), cuda_state_(detail::cuda_rng_state(device)) {}
   ~RngStateGuard() {
     compat::set_cpu_rng_state(cpu_state_);
-    if (cuda_generator_.defined()) {
-      std::lock_guard<std::mutex> lock(cuda_generator_.mutex());
-      cuda_generator_.set_state(cuda_state_);
-    }
+    if (cuda_state_.defined()) detail::set_cuda_rng_state(device_, cuda_state_);
   }
   RngStateGuard(const RngStateGuard&) = delete;
   RngStateGuard& operator=(const RngStateGuard&) = delete;
 
  private:
+  torch::Device device_;
   torch::Tensor cpu_state_;
-  at::Generator cuda_generator_;
   torch::Tensor cuda_state_;
 };
 

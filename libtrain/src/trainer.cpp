@@ -13,8 +13,8 @@
 #include <type_traits>
 
 #include "compat.h"
+#include "rng_state.h"
 #ifdef TRAIN_WITH_CUDA
-#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/core/Event.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -43,29 +43,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-// The state of the generator behind dropout on a CUDA device (empty tensor on other devices), so
-// that a resumed run draws the same masks as the uninterrupted one.
-torch::Tensor device_rng_state([[maybe_unused]] const torch::Device& device) {
-#ifdef TRAIN_WITH_CUDA
-  if (device.is_cuda()) {
-    auto generator = at::cuda::detail::getDefaultCUDAGenerator(device.has_index() ? device.index() : -1);
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    return generator.get_state();
-  }
-#endif
-  return {};
-}
-
-void set_device_rng_state([[maybe_unused]] const torch::Device& device, [[maybe_unused]] const torch::Tensor& state) {
-#ifdef TRAIN_WITH_CUDA
-  if (device.is_cuda()) {
-    auto generator = at::cuda::detail::getDefaultCUDAGenerator(device.has_index() ? device.index() : -1);
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    generator.set_state(state);
-  }
-#endif
 }
 
 // Cross-entropy over the batch, mean or sum; token tasks use -100 for positions without a target.
@@ -522,7 +499,7 @@ struct Trainer::Impl {
     torch::Tensor skipped_before;  // data.on_error skip: (rank, epoch, index) rows
     try {
       if (auto it = st.tensors.find("rng/cpu"); it != st.tensors.end()) compat::set_cpu_rng_state(it->second);
-      if (auto it = st.tensors.find("rng/cuda"); it != st.tensors.end()) set_device_rng_state(device, it->second);
+      if (auto it = st.tensors.find("rng/cuda"); it != st.tensors.end()) detail::set_cuda_rng_state(device, it->second);
       if (plan.loss_scaling && st.tensors.count("scaler/scale")) scaler->load_state(st.tensors);
       if (auto it = st.tensors.find("trainer/bad_steps"); it != st.tensors.end()) {
         const auto rows = it->second.to(torch::kLong).contiguous().view({-1, 2});
@@ -831,7 +808,7 @@ struct Trainer::Impl {
     state.samples_seen = samples_seen;
     state.config_yaml = to_yaml(config);
     state.tensors["rng/cpu"] = compat::cpu_rng_state();
-    if (auto rng = device_rng_state(device); rng.defined()) state.tensors["rng/cuda"] = rng;
+    if (auto rng = detail::cuda_rng_state(device); rng.defined()) state.tensors["rng/cuda"] = rng;
     state.tensors["trainer/micro_batch"] = torch::tensor(plan.micro_batch, torch::kLong);
     // The plan as it was, for warn_about_config_changes on resume.
     state.tensors["trainer/global_batch"] = torch::tensor(plan.global_batch, torch::kLong);

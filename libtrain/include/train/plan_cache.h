@@ -3,8 +3,8 @@
 // that a second run on the same machine plans without probing.
 //
 // Key: device (spec, name, memory, compute capability), LibTorch/CUDA/cuDNN versions, model
-// signature (parameter count and shapes, settings they do not show, model.options), input shape, world size, precision and layout,
-// optimizer, memory fraction. Not the batch settings: another global batch or tuning.batch mode
+// signature (parameter count and shapes, settings they do not show, model.options), input shape,
+// world size, precision and layout, optimizer, memory fraction. Not the batch settings: another global batch or tuning.batch mode
 // reuses the measurement and times only the micro-batch sizes not timed yet. One JSON file per
 // key in the cache directory.
 #include <train/plan.h>

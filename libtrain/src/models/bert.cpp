@@ -9,10 +9,8 @@
 #include "bert_presets.h"
 #include "compat.h"
 #include "train/amp.h"
+#include "rng_state.h"
 #include "train/safetensors.h"
-#ifdef TRAIN_WITH_CUDA
-#include <ATen/cuda/CUDAGeneratorImpl.h>
-#endif
 
 namespace train::models {
 namespace {
@@ -120,26 +118,15 @@ class BertLayer : public torch::nn::Module {
 
 // The state of the generator that dropout on `device` draws from, and setting it back.
 torch::Tensor rng_state(const torch::Device& device) {
-#ifdef TRAIN_WITH_CUDA
-  if (device.is_cuda()) {
-    auto generator = at::cuda::detail::getDefaultCUDAGenerator(device.index());
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    return generator.get_state();
-  }
-#endif
-  return device.is_cpu() ? compat::cpu_rng_state() : torch::Tensor();
+  return device.is_cpu() ? compat::cpu_rng_state() : train::detail::cuda_rng_state(device);
 }
 
 void set_rng_state(const torch::Device& device, const torch::Tensor& state) {
-#ifdef TRAIN_WITH_CUDA
-  if (device.is_cuda()) {
-    auto generator = at::cuda::detail::getDefaultCUDAGenerator(device.index());
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    generator.set_state(state);
-    return;
+  if (device.is_cpu()) {
+    compat::set_cpu_rng_state(state);
+  } else {
+    train::detail::set_cuda_rng_state(device, state);
   }
-#endif
-  if (device.is_cpu()) compat::set_cpu_rng_state(state);
 }
 
 // While alive, the generator of `device` is where it was at `state`; afterwards it is back where
