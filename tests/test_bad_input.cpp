@@ -550,6 +550,11 @@ TEST_CASE("bad_input: bad --set overrides and flags exit 2", "[bad_input][proces
          return with_config(d, {"plan", "cfg.yaml", "--world_size=2"},
                             {"train plan: unknown option '--world_size'; did you mean '--world-size'?"});
        }},
+      {"a second config file", kExitConfig,
+       [&](const CaseDir& d) {
+         return with_config(d, {"fit", "cfg.yaml", "other.yaml"},
+                            {"train fit: unexpected argument 'other.yaml' (usage: train fit CONFIG [OPTIONS]"});
+       }},
       {"unknown subcommand", kExitConfig,
        [&](const CaseDir& d) { return with_config(d, {"fitt", "cfg.yaml"}, {"unknown command 'fitt'", "did you mean 'fit'"}); }},
       {"eval without --checkpoint", kExitConfig,

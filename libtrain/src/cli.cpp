@@ -251,8 +251,7 @@ int cmd_export(const std::string& checkpoint, const std::string& format, const s
 }
 
 // "train fit: unknown option '--resum'; did you mean '--resume'?" for the first argument of
-// `args` that looks like an option `command` does not have; "" when there is none (CLI11's own
-// message is kept then: an extra positional argument, say).
+// `args` that looks like an option `command` does not have; "" when there is none.
 std::string unknown_option_message(const CLI::App& command, const std::vector<std::string>& args) {
   std::vector<std::string> names;
   for (const CLI::Option* option : command.get_options()) {
@@ -269,6 +268,24 @@ std::string unknown_option_message(const CLI::App& command, const std::vector<st
            " --help lists its options)";
   }
   return "";
+}
+
+std::string upper(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// "train fit: unexpected argument 'b.yaml' (usage: train fit CONFIG [OPTIONS]; train fit --help)"
+// for an argument left over after `command`'s positionals took theirs; "" when none is.
+std::string unexpected_argument_message(const CLI::App& command) {
+  const std::vector<std::string> extra = command.remaining();
+  if (extra.empty()) return "";
+  std::string usage = "train " + command.get_name();
+  for (const CLI::Option* option : command.get_options()) {
+    if (option->get_positional()) usage += " " + upper(option->get_name());
+  }
+  return "train " + command.get_name() + ": unexpected argument '" + extra.front() + "' (usage: " + usage +
+         " [OPTIONS]; train " + command.get_name() + " --help lists them)";
 }
 
 }  // namespace
@@ -371,7 +388,8 @@ int run_cli(int argc, char** argv) {
       // and the one it is probably a typo of.
       for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
         if (sub->get_name() != argv[1]) continue;
-        const std::string message = unknown_option_message(*sub, std::vector<std::string>(argv + 2, argv + argc));
+        std::string message = unknown_option_message(*sub, std::vector<std::string>(argv + 2, argv + argc));
+        if (message.empty()) message = unexpected_argument_message(*sub);
         if (message.empty()) break;
         std::cerr << message << "\n";
         return kExitInvalid;
