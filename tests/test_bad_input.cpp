@@ -676,6 +676,24 @@ TEST_CASE("bad_input: models and data that do not fit each other exit 2 naming t
          return Invocation{{"fit", "cfg.yaml", "--set", "model.hidden_size=7"},
                            {"--set model.hidden_size=7", "model.hidden_size", "not a multiple"}};
        }},
+      // Checked against the model before anything is written, and by `train check` too.
+      {"checkpoint.best that the model's evaluations do not report", kExitConfig,
+       [&](const CaseDir& d) {
+         d.write("cfg.yaml", s.idx_config());
+         return Invocation{{"fit", "cfg.yaml", "--set", "checkpoint.best=perplexity"},
+                           {"--set checkpoint.best=perplexity", "key 'checkpoint.best': 'perplexity' is not a measure "
+                            "of model mlp's evaluations (they report: loss, accuracy, top5)"}};
+       }},
+      {"checkpoint.best that the model's evaluations do not report (check)", kExitConfig,
+       [&](const CaseDir& d) {
+         d.write("cfg.yaml", s.idx_config() + "checkpoint: {best: perplexity}\n");
+         return Invocation{{"check", "cfg.yaml"}, {"cfg.yaml:15:20", "key 'checkpoint.best'"}};
+       }},
+      {"checkpoint.best top5 with two classes", kExitConfig,
+       [&](const CaseDir& d) {
+         d.write("cfg.yaml", s.folder_config(s.folder) + "checkpoint: {best: top5}\n");
+         return Invocation{{"fit", "cfg.yaml"}, {"cfg.yaml:5:20", "top5 needs more than five classes, the data has 2"}};
+       }},
       // Values that contradict the token file are the keys' errors, not the file's.
       {"data.pad_id outside the token file's vocabulary", kExitConfig,
        [&](const CaseDir& d) {

@@ -799,6 +799,15 @@ TEST_CASE("TSV data pads each batch to its own longest text, so the plan leaves 
     CHECK_THAT(d.reason, Catch::StartsWith("input shapes vary from batch to batch (tsv: " + dir + "/train.tsv"));
   }
   CHECK(found);
+  // Planned where the data is not: the kind says as much.
+  train::Config elsewhere = c;
+  elsewhere.data.root = dir + "/not-here";
+  const train::RunParts planned = train::prepare_run(elsewhere, options);
+  CHECK(planned.train == nullptr);
+  CHECK_FALSE(planned.plan.cudnn_benchmark);
+  for (const auto& d : planned.plan.decisions) {
+    if (d.name == "cudnn_benchmark") CHECK_THAT(d.reason, Catch::Contains("data.kind tsv"));
+  }
   train::files::remove_all(dir);
 }
 

@@ -587,8 +587,10 @@ TEST_CASE("library_use: a model with its own loss trains a regression", "[librar
                       Catch::Contains("key 'checkpoint.best': accuracy") && Catch::Contains("has its own loss"));
     Config unknown = regression_config(tmp, "checkpoint: {best: mse}\n");
     CHECK_THROWS_WITH(Trainer(unknown, r.plan, r.model, r.train, r.val, ""),
-                      Catch::Contains("key 'checkpoint.best': 'mse' is not a measure of model 'test_regressor'") &&
+                      Catch::Contains("key 'checkpoint.best': 'mse' is not a measure of model test_regressor's evaluations") &&
                           Catch::Contains("(they report: loss, mae, within_5pc)"));
+    // prepare_run checks the same, before a program creates its run directory.
+    CHECK_THROWS_WITH(prepare_run(unknown, options), Catch::Contains("key 'checkpoint.best': 'mse'"));
     Config smoothing = regression_config(tmp, "loss: {label_smoothing: 0.1}\n");
     CHECK_THROWS_WITH(Trainer(smoothing, r.plan, r.model, r.train, r.val, ""),
                       Catch::Contains("key 'loss.label_smoothing'") && Catch::Contains("set it to 0"));

@@ -85,6 +85,7 @@ int cmd_check(const CommonArgs& args, bool read_data) {
     models::ModelPtr model = models::make_model(config.model);
     if (!config.tuning.device.empty()) named_device(config.tuning.device);
     check_init_from(config, *model);
+    check_model_settings(config, *model, /*data_read=*/false, nullptr);
     if (!read_data) {
       std::cout << args.config << ": OK (model " << config.model.name << ", " << models::count_parameters(*model)
                 << " parameters, global batch " << config.trainer.global_batch
@@ -98,6 +99,7 @@ int cmd_check(const CommonArgs& args, bool read_data) {
     const data::DatasetPtr train = data::make_dataset(config.data, data::Split::Train);
     const data::DatasetPtr val = data::make_dataset(config.data, data::Split::Val);
     model = make_model_for_data(config, *train);
+    check_model_settings(config, *model, /*data_read=*/true, val.get());
     int64_t bad = 0;
     for (const auto& [split, dataset] : {std::pair{"train", train}, std::pair{"val", val}}) {
       data::ScanOptions options;

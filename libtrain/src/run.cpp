@@ -471,6 +471,48 @@ void check_init_from(const Config& config, const models::Model& model) {
   }
 }
 
+void check_model_settings(const Config& config, const models::Model& model, bool data_read,
+                          const data::Dataset* val) {
+  try {
+    const std::string& best = config.checkpoint.best;
+    const bool own_loss = model.has_own_loss();
+    const auto metrics = model.eval_metrics();
+    if (best != "none" && best != "loss" && best != "accuracy" && best != "top5" &&
+        std::none_of(metrics.begin(), metrics.end(), [&best](const auto& m) { return m.name == best; })) {
+      std::string known = "loss";
+      if (!own_loss) known += ", accuracy, top5";
+      for (const auto& m : metrics) known += ", " + m.name;
+      throw ConfigError("key 'checkpoint.best': '" + best + "' is not a measure of model " + config.model.name +
+                        "'s evaluations (they report: " + known + "); or none");
+    }
+    if (own_loss) {
+      // Its evaluations have a loss and nothing else, and label smoothing is cross-entropy's.
+      if (best == "accuracy" || best == "top5") {
+        throw ConfigError("key 'checkpoint.best': " + best + ", but model " + config.model.name +
+                          " has its own loss, and its evaluations report that loss alone; use loss or none");
+      }
+      if (config.loss.label_smoothing > 0) {
+        throw ConfigError(log::str("key 'loss.label_smoothing': ", config.loss.label_smoothing, ", but model ",
+                                   config.model.name,
+                                   " has its own loss (label smoothing is the trainer's cross-entropy's); set it to 0"));
+      }
+    }
+    if (best != "none" && data_read) {
+      if (val == nullptr) {
+        throw ConfigError("key 'checkpoint.best': " + best +
+                          " ranks evaluations, but this run has no validation split; set checkpoint.best: none");
+      }
+      const int64_t classes = val->num_classes();
+      if (best == "top5" && classes > 0 && classes <= 5) {
+        throw ConfigError(log::str("key 'checkpoint.best': top5 needs more than five classes, the data has ", classes,
+                                   " (top-5 accuracy would always be 100%); use accuracy or loss"));
+      }
+    }
+  } catch (const ConfigError& e) {
+    throw ConfigError(locate_config_error(config, e.what()));
+  }
+}
+
 namespace {
 
 // The input a config describes on its own, for planning where the data is not (train plan on
@@ -594,6 +636,7 @@ RunParts prepare_run_unlocated(const Config& config, const RunOptions& options) 
   const double data_ms = lap();
   torch::manual_seed(static_cast<uint64_t>(config.trainer.seed));
   r.model = r.train ? model_for_data_unlocated(config, *r.train) : models::make_model(config.model);
+  check_model_settings(config, *r.model, r.train != nullptr, r.val.get());
   const double model_ms = lap();
 
   if (!env.note.empty() && options.plan_world_size == 0) log::warn(env.note);
@@ -632,9 +675,12 @@ RunParts prepare_run_unlocated(const Config& config, const RunOptions& options) 
   inputs.model_params = models::count_parameters(*r.model);
   inputs.convolutional = r.model->is_convolutional();
   inputs.narrowest_conv = narrowest_convolution(*r.model);
-  inputs.static_shapes = !r.train || r.train->static_shapes();
+  // Without the data, what its kind implies: TSV batches pad to their longest text.
+  inputs.static_shapes = r.train ? r.train->static_shapes() : config.data.kind != "tsv";
   inputs.capturable = r.model->capturable();
-  if (!inputs.static_shapes) inputs.varying_shapes = r.train->describe();
+  if (!inputs.static_shapes) {
+    inputs.varying_shapes = r.train ? r.train->describe() : "data.kind tsv: each batch padded to its longest text";
+  }
   // Precision and layout decide what the probe measures; the probe then bounds the micro-batch.
   const Plan draft = make_plan(config, r.device, inputs);
   apply_plan_globals(draft);  // the probe measures under the run's threads and cuDNN settings

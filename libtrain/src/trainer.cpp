@@ -32,6 +32,7 @@
 #include "train/metrics.h"
 #include "train/optim.h"
 #include "train/probe.h"
+#include "train/run.h"
 #include "models/own_loss.h"
 #include "step_graph.h"
 #include "tensor_groups.h"
@@ -874,38 +875,7 @@ Trainer::Trainer(Config config, Plan plan, models::ModelPtr model, data::Dataset
       }
     }
   }
-  if (const std::string& best = s.config.checkpoint.best;
-      best != "none" && best != "loss" && best != "accuracy" && best != "top5" &&
-      std::none_of(s.eval_metrics.begin(), s.eval_metrics.end(), [&best](const auto& m) { return m.name == best; })) {
-    std::string known = "loss";
-    if (!s.own_loss) known += ", accuracy, top5";
-    for (const auto& m : s.eval_metrics) known += ", " + m.name;
-    throw ConfigError("key 'checkpoint.best': '" + best + "' is not a measure of model '" + s.config.model.name +
-                      "''s evaluations (they report: " + known + "); or none");
-  }
-  if (s.own_loss) {
-    // Its evaluations have a loss and nothing else, and label smoothing is cross-entropy's.
-    if (s.config.checkpoint.best == "accuracy" || s.config.checkpoint.best == "top5") {
-      throw ConfigError("key 'checkpoint.best': " + s.config.checkpoint.best + ", but model '" + s.config.model.name +
-                        "' has its own loss, and its evaluations report that loss alone; use loss or none");
-    }
-    if (s.config.loss.label_smoothing > 0) {
-      throw ConfigError(log::str("key 'loss.label_smoothing': ", s.config.loss.label_smoothing,
-                                 ", but model '", s.config.model.name,
-                                 "' has its own loss (label smoothing is the trainer's cross-entropy's); set it to 0"));
-    }
-  }
-  if (s.config.checkpoint.best != "none") {
-    if (!s.val_set) {
-      throw ConfigError("key 'checkpoint.best': " + s.config.checkpoint.best +
-                        " ranks evaluations, but this run has no validation split; set checkpoint.best: none");
-    }
-    const int64_t classes = s.val_set->num_classes();
-    if (s.config.checkpoint.best == "top5" && classes > 0 && classes <= 5) {
-      throw ConfigError(log::str("key 'checkpoint.best': top5 needs more than five classes, the data has ", classes,
-                                 " (top-5 accuracy would always be 100%); use accuracy or loss"));
-    }
-  }
+  check_model_settings(s.config, *s.model, /*data_read=*/true, s.val_set.get());
   if (group && group->size() > 1) {
     if (group->size() != s.plan.world_size || group->rank() != s.plan.rank) {
       throw Error(log::str("the plan was made for rank ", s.plan.rank, " of ", s.plan.world_size,

@@ -73,6 +73,15 @@ void check_runs_here(const Config& config);
 // line where the key was set.
 void check_init_from(const Config& config, const models::Model& model);
 
+// The keys whose valid values depend on the model and the data, not on the config alone:
+// checkpoint.best must be a measure the model's evaluations report (a model with its own loss
+// reports that loss alone, and takes no loss.label_smoothing); with the data read (`data_read`),
+// checkpoint.best needs a validation split (`val`, null when there is none) and top5 more than
+// five classes. A ConfigError names the key, with the file and line where it was set. prepare_run,
+// `train check` and the Trainer call it, so that a run fails before its run directory is touched.
+void check_model_settings(const Config& config, const models::Model& model, bool data_read,
+                          const data::Dataset* val);
+
 // Builds config.model for the training data, checked as prepare_run checks it: model.in_channels
 // and model.num_classes against the data's, model.pad_id against the id the data pads with (and
 // taken from the data when unset), then what the model can take (input size, positions,
