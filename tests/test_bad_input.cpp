@@ -1028,6 +1028,18 @@ TEST_CASE("bad_input: garbage truncated or mismatched checkpoints exit 2", "[bad
          files::make_directories(d / "weights");
          return Invocation{{"export", ckpt, "weights"}, {"weights: is a directory", "weights/model.safetensors"}};
        }},
+      {"export: OUT is the checkpoint itself", kExitConfig,
+       [&](const CaseDir& d) {
+         const std::string ckpt = d.write("model.pt", good);
+         return Invocation{{"export", ckpt, ckpt}, {"model.pt: is the checkpoint being exported"}};
+       }},
+      {"export: OUT is another of a run's checkpoints", kExitConfig,
+       [&](const CaseDir& d) {
+         const std::string ckpt = d.write("model.pt", good);
+         const std::string other = d.write("step_00000004.pt", good);
+         d.write("step_00000004.pt.crc32c", "not read\n");
+         return Invocation{{"export", ckpt, other}, {"step_00000004.pt: is a run's checkpoint"}};
+       }},
       {"export: OUT in a directory that does not exist", kExitConfig,
        [&](const CaseDir& d) {
          const std::string ckpt = d.write("model.pt", good);

@@ -195,6 +195,8 @@ TEST_CASE("IDX images and labels parse, plain and gzipped", "[data]") {
 
     const std::string images_file = find_data_file(dir.path, "imgs");
     CHECK(images_file == dir.file("imgs" + suffix));
+    // data.train_images may be an absolute path: it does not go under data.root then.
+    CHECK(find_data_file("/elsewhere", dir.file("imgs")) == images_file);
     const torch::Tensor images = read_idx_images(images_file);
     CHECK(images.scalar_type() == torch::kByte);
     CHECK(images.sizes() == torch::IntArrayRef{kImages, 1, kRows, kCols});

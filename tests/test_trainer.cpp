@@ -14,6 +14,7 @@
 #include <train/models/model.h>
 #include <train/optim.h>
 #include <train/run.h>
+#include <train/safetensors.h>
 #include <train/trainer.h>
 
 #include <torch/torch.h>
@@ -246,6 +247,62 @@ TEST_CASE("checkpoint: bad files are rejected with the file named", "[trainer][c
   CHECK_THROWS_WITH(load_checkpoint(good, *other.model, nullptr), Catch::Contains("fc2.weight"));
   // No temporary files are left behind by successful saves.
   for (const auto& name : files::list_directory(dir)) CHECK(name.find(".tmp.") == std::string::npos);
+  files::remove_all(dir);
+}
+
+TEST_CASE("checkpoint: NaN weights and optimizer state of another dtype or not finite are refused naming the file",
+          "[trainer][checkpoint]") {
+  register_tiny_mlp();
+  const std::string dir = temp_dir("nanckpt");
+  Config c = synthetic_config();
+  c.optim.momentum = 0.9;
+  RunParts run = prepare_run(c);
+  auto optimizer = make_optimizer(c.optim, *run.model, 0.1);
+  run.model->forward(torch::randn({4, 1, 8, 8})).sum().backward();
+  optimizer->step();
+  auto fresh = [&] {
+    RunParts other = prepare_run(c);
+    return std::make_pair(other.model, make_optimizer(c.optim, *other.model, 0.1));
+  };
+  torch::Tensor fc2 = run.model->named_parameters()["fc2.weight"];
+  const torch::Tensor kept = fc2.detach().clone();
+  {
+    torch::NoGradGuard no_grad;
+    fc2[0][0] = std::numeric_limits<float>::quiet_NaN();
+  }
+  const std::string nan_weights = files::join(dir, "nan_weights.pt");
+  save_checkpoint(nan_weights, *run.model, optimizer.get(), {});
+  auto [model, opt] = fresh();
+  CHECK_THROWS_WITH(load_checkpoint(nan_weights, *model, opt.get()),
+                    Catch::Contains("nan_weights.pt: model entry 'fc2.weight' holds NaN or infinite values"));
+  // The same weights as model.init_from (safetensors) are refused before the run starts.
+  const std::string nan_safetensors = files::join(dir, "nan.safetensors");
+  write_safetensors(nan_safetensors, state_dict(*run.model));
+  CHECK_THROWS_WITH(load_model_weights(nan_safetensors, *model, true, {}),
+                    Catch::Contains("nan.safetensors: tensor 'fc2.weight' holds NaN or infinite values"));
+  CHECK_THROWS_AS(check_model_weights(nan_safetensors, *model, true, {}), CheckpointError);
+  {
+    torch::NoGradGuard no_grad;
+    fc2.copy_(kept);
+  }
+  // Momentum of another dtype, or a non-finite one: refused at load, not at the first step.
+  auto* state = dynamic_cast<torch::optim::SGDParamState*>(optimizer->state().begin()->second.get());
+  REQUIRE(state != nullptr);
+  const torch::Tensor momentum = state->momentum_buffer();
+  state->momentum_buffer(momentum.to(torch::kLong));
+  const std::string long_state = files::join(dir, "long_state.pt");
+  save_checkpoint(long_state, *run.model, optimizer.get(), {});
+  state->momentum_buffer(torch::full_like(momentum, std::numeric_limits<float>::infinity()));
+  const std::string inf_state = files::join(dir, "inf_state.pt");
+  save_checkpoint(inf_state, *run.model, optimizer.get(), {});
+  state->momentum_buffer(momentum);
+  for (const auto& [file, expected] : {std::pair{long_state, std::string("is Long but the parameter is Float")},
+                                       std::pair{inf_state, std::string("holds NaN or infinite values")}}) {
+    auto [m, o] = fresh();
+    CHECK_THROWS_WITH(load_checkpoint(file, *m, o.get()),
+                      Catch::Contains(file + ": optimizer state does not match this model: optimizer state of "
+                                             "parameter") && Catch::Contains(expected));
+  }
   files::remove_all(dir);
 }
 

@@ -57,6 +57,8 @@ void read_model(torch::serialize::InputArchive& archive, torch::nn::Module& mode
   torch::serialize::InputArchive weights;
   if (!archive.try_read("model", weights)) throw CheckpointError(path + ": no 'model' entry");
   torch::NoGradGuard no_grad;
+  std::set<std::string> parameters;  // the weights that must be finite (a buffer may hold a -inf mask)
+  for (const auto& p : model.named_parameters()) parameters.insert(p.key());
   for (auto& [name, tensor] : state_entries(model)) {
     torch::Tensor stored;
     if (!weights.try_read(name, stored)) {
@@ -73,6 +75,10 @@ void read_model(torch::serialize::InputArchive& archive, torch::nn::Module& mode
       throw CheckpointError(path + ": model entry '" + name + "' is a " + std::string(c10::toString(stored.scalar_type())) +
                             (stored.layout() != torch::kStrided ? " sparse" : "") + " tensor, the model expects " +
                             c10::toString(tensor.scalar_type()));
+    }
+    if (parameters.count(name) && stored.is_floating_point() && !torch::isfinite(stored).all().item<bool>()) {
+      throw CheckpointError(path + ": model entry '" + name + "' holds NaN or infinite values (the weights of a run "
+                            "that diverged, or a damaged file); resume from an earlier checkpoint");
     }
     tensor.copy_(stored);
   }
@@ -522,6 +528,8 @@ TrainState load_checkpoint(const std::string& path, torch::nn::Module& model, to
         optimizer->param_groups()[i].set_options(std::move(configured[i]));
       }
       place_state_like_params(*optimizer);  // the archive was read onto the CPU
+    } catch (const Error&) {
+      throw;
     } catch (const std::invalid_argument& e) {
       throw CheckpointError(path + ": optimizer state does not match this model: " + e.what());
     } catch (const c10::Error& e) {
@@ -542,6 +550,10 @@ TrainState load_checkpoint(const std::string& path, torch::nn::Module& model, to
       }
       throw CheckpointError(path + ": optimizer state does not match this optimizer" + written_by + ": " +
                             what.substr(0, what.find('\n')));
+    } catch (const std::exception& e) {
+      // TorchScript's own errors on a damaged archive (an entry the layout names but lacks).
+      const std::string what = e.what();
+      throw CheckpointError(path + ": optimizer state is damaged: " + what.substr(0, what.find('\n')));
     }
   }
   TrainState state;

@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -241,6 +242,21 @@ int cmd_export(const std::string& checkpoint, const std::string& format, const s
   }
   if (!files::is_directory(files::parent(out))) {
     throw UsageError(out + ": directory " + files::parent(out) + " does not exist");
+  }
+  // OUT is replaced whole: never the checkpoint itself, nor another of a run's checkpoints (its
+  // checksum sidecar would then condemn it, and --resume auto fall back past it).
+  struct stat in_info {}, out_info {};
+  if (::stat(out.c_str(), &out_info) == 0) {
+    if (::stat(checkpoint.c_str(), &in_info) == 0 && in_info.st_dev == out_info.st_dev &&
+        in_info.st_ino == out_info.st_ino) {
+      throw UsageError(out + ": is the checkpoint being exported; give another file to write, e.g. " +
+                       files::join(files::parent(out), "model.safetensors"));
+    }
+    if (files::exists(out + ".crc32c")) {
+      throw UsageError(out + ": is a run's checkpoint (it has a checksum file, " + files::filename(out) +
+                       ".crc32c); give another file to write, e.g. " +
+                       files::join(files::parent(out), "model.safetensors"));
+    }
   }
   const TensorMap weights = read_checkpoint_weights(checkpoint);
   Metadata metadata{{"format", "pt"}, {"producer", "train export"}, {"source", files::filename(checkpoint)}};

@@ -374,6 +374,15 @@ void place_state_like_params(torch::optim::Optimizer& optimizer) {
       throw std::invalid_argument(log::str("optimizer state of parameter ", index, " has shape ", state.sizes(),
                                            " but the parameter has ", param.sizes()));
     }
+    // A damaged checkpoint's state would fail at the first step ("expected scalar type Float") or
+    // make every update non-finite.
+    if (state.scalar_type() != param.scalar_type()) {
+      throw std::invalid_argument(log::str("optimizer state of parameter ", index, " is ", state.scalar_type(),
+                                           " but the parameter is ", param.scalar_type()));
+    }
+    if (!torch::isfinite(state).all().item<bool>()) {
+      throw std::invalid_argument(log::str("optimizer state of parameter ", index, " holds NaN or infinite values"));
+    }
     if (state.device() == param.device() && state.strides() == param.strides()) return state;
     return torch::empty_like(param, param.options().dtype(state.scalar_type())).copy_(state);
   };

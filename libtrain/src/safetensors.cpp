@@ -361,8 +361,16 @@ std::string dtype_name(torch::ScalarType type) {
 // under the module's names. An integer or bool file tensor for a floating-point module tensor is
 // an error here, strict or not (see load_state_dict): copy_ would turn token ids or flags into
 // "weights" without a word.
+// The module's parameter names: the weights that must be finite (a buffer may hold -inf, an
+// attention mask's say).
+std::set<std::string> parameter_names(const torch::nn::Module& module) {
+  std::set<std::string> names;
+  for (const auto& p : module.named_parameters()) names.insert(p.key());
+  return names;
+}
+
 TensorMap match(const TensorMap& targets, const TensorMap& file_tensors, const WeightRules& rules,
-                const std::string& source, LoadReport& report) {
+                const std::set<std::string>& parameters, const std::string& source, LoadReport& report) {
   const Aligned aligned = aligned_names(targets, file_tensors, rules, report);
   const TensorMap& tensors = aligned.tensors;
   for (const auto& [name, target] : targets) {
@@ -378,6 +386,11 @@ TensorMap match(const TensorMap& targets, const TensorMap& file_tensors, const W
       throw CheckpointError(source + ": tensor '" + key + "' is " + dtype_name(it->second.scalar_type()) +
                             ", but the model's '" + name + "' is " + dtype_name(target.scalar_type()) +
                             ": integer and bool tensors are not converted to floating-point weights");
+    } else if (parameters.count(name) && it->second.is_floating_point() &&
+               !torch::isfinite(it->second).all().item<bool>()) {
+      throw CheckpointError(source + ": tensor '" + aligned.key_in_file(name) +
+                            "' holds NaN or infinite values (the weights of a run that diverged, or a damaged "
+                            "file); a model made from it gives a non-finite loss at the first step");
     } else {
       report.loaded.push_back(name);
     }
@@ -423,7 +436,7 @@ void throw_if_incomplete(const LoadReport& report, const std::string& source) {
 LoadReport match_state_dict(const torch::nn::Module& module, const TensorMap& file_tensors, bool strict,
                             const std::string& source, const WeightRules& rules) {
   LoadReport report;
-  match(state_dict(module), file_tensors, rules, source, report);
+  match(state_dict(module), file_tensors, rules, parameter_names(module), source, report);
   if (strict) throw_if_incomplete(report, source);
   return report;
 }
@@ -432,7 +445,7 @@ LoadReport load_state_dict(torch::nn::Module& module, const TensorMap& tensors, 
                            const WeightRules& rules) {
   LoadReport report;
   const TensorMap targets = state_dict(module);
-  const TensorMap aligned = match(targets, tensors, rules, source, report);
+  const TensorMap aligned = match(targets, tensors, rules, parameter_names(module), source, report);
   if (strict) throw_if_incomplete(report, source);
   torch::NoGradGuard no_grad;
   for (const auto& name : report.loaded) {

@@ -171,7 +171,7 @@ std::string find_data_file(const std::string& dir, const std::string& stem) {
     struct stat info {};
     return ::stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode);
   };
-  const std::string plain = dir.empty() || dir.back() == '/' ? dir + stem : dir + "/" + stem;
+  const std::string plain = files::join(dir, stem);  // an absolute stem stands alone
   if (is_regular_file(plain)) return plain;
   const std::string gzipped = plain + ".gz";
   if (is_regular_file(gzipped)) return gzipped;
