@@ -689,6 +689,11 @@ TEST_CASE("bad_input: models and data that do not fit each other exit 2 naming t
          d.write("cfg.yaml", s.idx_config() + "checkpoint: {best: perplexity}\n");
          return Invocation{{"check", "cfg.yaml"}, {"cfg.yaml:15:20", "key 'checkpoint.best'"}};
        }},
+      {"model.num_classes below an ImageFolder's classes, which are listed", kExitConfig,
+       [&](const CaseDir& d) {
+         d.write("cfg.yaml", replace(s.folder_config(s.folder), "num_classes: 2", "num_classes: 1"));
+         return Invocation{{"fit", "cfg.yaml"}, {"cfg.yaml:1:51", "key 'model.num_classes': 1", "has 2 classes: ant, bee"}};
+       }},
       {"checkpoint.best top5 with two classes", kExitConfig,
        [&](const CaseDir& d) {
          d.write("cfg.yaml", s.folder_config(s.folder) + "checkpoint: {best: top5}\n");

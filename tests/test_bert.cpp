@@ -727,11 +727,11 @@ TEST_CASE("TSV dataset: labels, truncation, dynamic padding, errors name file an
   TsvDatasetOptions o;
   o.tokenizer = tok;
   o.max_length = 6;
-  o.path = write("train.tsv", "the cat sat\tpets\r\n\nthe\tdog ran\tother\na cat the dog ran sat the\tpets\n");
+  o.path = write("train.tsv", "the cat sat\tpets\r\n\nthe dog ran\tother\na cat the dog ran sat the\tpets\n");
   const TsvDataset train_set(o);
   CHECK(train_set.size() == 3);
   CHECK(train_set.classes() == std::vector<std::string>{"other", "pets"});
-  CHECK(train_set.labels() == std::vector<int64_t>{1, 0, 1});  // label = text after the last tab
+  CHECK(train_set.labels() == std::vector<int64_t>{1, 0, 1});  // label = text after the tab
   CHECK(train_set.get(0, 0).input.equal(torch::tensor({2, 5, 6, 8, 3, 0}, torch::kLong)));
   CHECK(train_set.get(2, 0).input.equal(torch::tensor({2, 10, 6, 5, 7, 3}, torch::kLong)));  // truncated
   CHECK(train_set.truncated_fraction() == Approx(1.0 / 3.0));
@@ -752,6 +752,10 @@ TEST_CASE("TSV dataset: labels, truncation, dynamic padding, errors name file an
   CHECK_THROWS_WITH(TsvDataset(val), Catch::Contains("val.tsv:2: label 'birds' is not one of the training classes"));
   val.path = write("notab.tsv", "the cat\tpets\nno tab here\n");
   CHECK_THROWS_WITH(TsvDataset(val), Catch::Contains("notab.tsv:2: no tab"));
+  val.path = write("twotabs.tsv", "the cat\tpets\nthe\tdog\tpets\n");
+  CHECK_THROWS_WITH(TsvDataset(val), Catch::Contains("twotabs.tsv:2: more than one tab"));
+  val.path = write("spaced.tsv", "the cat\tpets \n");
+  CHECK_THROWS_WITH(TsvDataset(val), Catch::Contains("spaced.tsv:1: label 'pets ' has white space around it"));
   val.path = write("nolabel.tsv", "the cat\t\n");
   CHECK_THROWS_WITH(TsvDataset(val), Catch::Contains("nolabel.tsv:1: empty label"));
   val.path = dir + "/missing.tsv";

@@ -31,6 +31,7 @@
 #include "train/data/transforms.h"
 #include "train/errors.h"
 #include "train/files.h"
+#include "train/log.h"
 #include "train/run.h"
 #include "train/trainer.h"
 
@@ -251,7 +252,15 @@ std::vector<Batch> run_epoch(const DatasetPtr& dataset, int64_t workers, int64_t
 TEST_CASE("ImageFolder lists sorted classes and images", "[data][image_folder]") {
   TempDir dir;
   make_image_folder(dir.path);
+  // dog has no training image: still a class, and said so.
+  const std::string log_path = dir / "log.txt";
+  train::log::set_file(log_path);
   const auto train = make_dataset(folder_config(dir.path), Split::Train);
+  train::log::set_file("");
+  std::ifstream log_in(log_path);
+  const std::string logged((std::istreambuf_iterator<char>(log_in)), std::istreambuf_iterator<char>());
+  CHECK_THAT(logged, Contains(dir / "train") && Contains(": class directory dog holds no images") &&
+                         Contains("counts among the 4 classes"));
   const auto& folder = dynamic_cast<const ImageFolderDataset&>(*train);
 
   CHECK(folder.classes() == std::vector<std::string>{"ant", "bee", "cat", "dog"});

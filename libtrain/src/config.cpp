@@ -385,7 +385,7 @@ std::vector<Key> build_schema() {
            "data.vocab_size's extra ids); the rest stay unchanged")
           .at_least(0)
           .at_most(1),
-      data("train_tsv", &D::train_tsv, "tsv: training file in root, one text<TAB>label per line").free_on_resume(),
+      data("train_tsv", &D::train_tsv, "tsv: training file in root, one text<TAB>label per line (one tab; the label without spaces around it; the sorted distinct labels are the classes)").free_on_resume(),
       data("val_tsv", &D::val_tsv, "tsv: validation file in root; its labels must be among train_tsv's").free_on_resume(),
       data("lowercase", &D::lowercase, "tsv: uncased vocab (lower-case and strip accents before WordPiece)"),
 

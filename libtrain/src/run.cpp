@@ -531,8 +531,14 @@ models::ModelPtr model_for_data_unlocated(const Config& config, const data::Data
                       train.describe() + ") has " + std::to_string(shape[0]) + " channel(s)");
   }
   if (train.num_classes() > config.model.num_classes) {
+    // Named: a stray directory or a header line read as a label shows up here.
+    const std::vector<std::string> names = train.class_names();
+    std::string listed;
+    constexpr size_t kShown = 12;
+    for (size_t i = 0; i < names.size() && i < kShown; ++i) listed += (i ? ", " : ": ") + names[i];
+    if (names.size() > kShown) listed += log::str(", ... (", names.size() - kShown, " more)");
     throw ConfigError("key 'model.num_classes': " + std::to_string(config.model.num_classes) + " but the data (" +
-                      train.describe() + ") has " + std::to_string(train.num_classes()) + " classes");
+                      train.describe() + ") has " + std::to_string(train.num_classes()) + " classes" + listed);
   }
   // The model masks padding out of attention by the id the data pads with.
   ModelConfig model_config = config.model;

@@ -3,6 +3,7 @@
 #include <train/data/transforms.h>
 #include <train/errors.h>
 #include <train/files.h>
+#include <train/log.h>
 
 #include "resample.h"
 
@@ -674,12 +675,14 @@ ImageFolderDataset::ImageFolderDataset(ImageFolderOptions options) : options_(st
 
   const std::string& directory = options_.directory;
   const std::vector<std::string> found = find_image_classes(directory);
-  if (options_.classes.empty()) options_.classes = found;
+  const bool training_split = options_.classes.empty();  // the split that defines the classes
+  if (training_split) options_.classes = found;
   std::map<std::string, int64_t> label_of;
   for (size_t i = 0; i < options_.classes.size(); ++i) {
     label_of.emplace(options_.classes[i], static_cast<int64_t>(i));
   }
 
+  std::vector<std::string> empty_classes;
   for (const std::string& name : found) {
     const auto label = label_of.find(name);
     const std::string class_directory = files::join(directory, name);
@@ -687,14 +690,30 @@ ImageFolderDataset::ImageFolderDataset(ImageFolderOptions options) : options_(st
       throw DataError(class_directory + ": class '" + name +
                       "' is not among the training split's classes");
     }
+    const size_t before = samples_.size();
     for (const std::string& file : files::list_directory(class_directory)) {
       if (!is_hidden(file) && has_image_extension(file)) {
         samples_.push_back(Sample{name + "/" + file, label->second});
       }
     }
+    if (training_split && samples_.size() == before) {
+      // Still a class of the model (label and output), one that no image teaches. torchvision's
+      // ImageFolder refuses it; here it is said, and kept, so that the labels stay those of the
+      // directory list.
+      empty_classes.push_back(name);
+    }
   }
   if (samples_.empty()) {
     throw DataError(directory + ": no images (.jpg, .jpeg or .png) in any class subdirectory");
+  }
+  if (!empty_classes.empty()) {
+    std::string names;
+    for (const auto& name : empty_classes) names += (names.empty() ? "" : ", ") + name;
+    const bool one = empty_classes.size() == 1;
+    log::warn(log::str(directory, ": ", one ? "class directory " : "class directories ", names,
+                       one ? " holds" : " hold", " no images (.jpg, .jpeg or .png) but ", one ? "counts" : "count",
+                       " among the ", options_.classes.size(), " classes; remove ", one ? "it" : "them",
+                       " unless the model should have ", one ? "that output" : "those outputs"));
   }
 }
 

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -42,9 +43,13 @@ TsvDataset::TsvDataset(TsvDatasetOptions options) : options_(std::move(options))
                       " (expected one example per line: text<TAB>label)");
     };
     if (tab == std::string::npos) fail("no tab");
+    if (line.find('\t') != tab) fail("more than one tab (a text with a tab, or more columns than two?)");
     std::string label = line.substr(tab + 1);
     line.resize(tab);
     if (label.empty()) fail("empty label");
+    if (std::isspace(static_cast<unsigned char>(label.front())) || std::isspace(static_cast<unsigned char>(label.back()))) {
+      fail("label '" + label + "' has white space around it");
+    }
     if (line.find_first_not_of(" \t") == std::string::npos) fail("empty text");
     texts.push_back(std::move(line));
     label_names.push_back(std::move(label));

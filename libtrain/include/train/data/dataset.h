@@ -55,6 +55,9 @@ class Dataset {
   // Shape of one input (no batch dim), for plans and probes.
   virtual std::vector<int64_t> input_shape() const = 0;
   virtual int64_t num_classes() const = 0;
+  // The classes' names, by label, where the data names them (an ImageFolder's directories, a TSV
+  // file's labels); empty otherwise. Errors about the class count list them.
+  virtual std::vector<std::string> class_names() const { return {}; }
   virtual std::string describe() const = 0;
   // Token datasets: the size of the vocabulary the ids come from (every input id is below it), so
   // that a model's embedding can be checked against it before training; 0 for other data.

@@ -123,7 +123,9 @@ struct ImageFolderOptions {
 class ImageFolderDataset : public Dataset {
  public:
   // Lists the images (no decoding). DataError naming the directory when it is missing, holds
-  // no image, or holds a class directory that is not in options.classes.
+  // no image, or holds a class directory that is not in options.classes. A training split's class
+  // directory without images is still a class (the labels follow the sorted directory names),
+  // with a warning.
   explicit ImageFolderDataset(ImageFolderOptions options);
 
   int64_t size() const override { return static_cast<int64_t>(samples_.size()); }
@@ -139,6 +141,7 @@ class ImageFolderDataset : public Dataset {
   std::string describe() const override;
 
   const std::vector<std::string>& classes() const { return options_.classes; }
+  std::vector<std::string> class_names() const override { return options_.classes; }
   // The image file of sample `index` and its class index.
   std::string path(int64_t index) const;
   int64_t label(int64_t index) const;

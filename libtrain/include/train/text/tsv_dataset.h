@@ -28,8 +28,9 @@ struct TsvDatasetOptions {
 
 class TsvDataset : public data::Dataset {
  public:
-  // Throws DataError naming the file (and line) when it cannot be read, a line has no tab, an
-  // empty text or label, or a label outside `classes`; std::invalid_argument for bad options.
+  // Throws DataError naming the file (and line) when it cannot be read, a line has no tab or more
+  // than one, an empty text or label, a label with white space around it, or a label outside
+  // `classes`; std::invalid_argument for bad options.
   explicit TsvDataset(TsvDatasetOptions options);
 
   int64_t size() const override { return static_cast<int64_t>(labels_.size()); }
@@ -43,6 +44,7 @@ class TsvDataset : public data::Dataset {
   bool static_shapes() const override { return false; }  // dynamic padding: [B, longest] varies
 
   const std::vector<std::string>& classes() const { return options_.classes; }
+  std::vector<std::string> class_names() const override { return options_.classes; }
   const std::vector<int64_t>& labels() const { return labels_; }
   // Share of samples cut by max_length.
   double truncated_fraction() const;
