@@ -569,6 +569,25 @@ TEST_CASE("bad_input: bad --set overrides and flags exit 2", "[bad_input][proces
        [&](const CaseDir& d) {
          return with_config(d, {"launch", "--nproc", "1", "--master-port", "70000", "cfg.yaml"}, {"--master-port"});
        }},
+      {"--run-dir whose checkpoints is a file", kExitConfig,
+       [&](const CaseDir& d) {
+         d.write("mine/checkpoints", "the user's file\n");
+         return with_config(d, {"fit", "cfg.yaml", "--run-dir", "mine"},
+                            {"run directory mine: mine/checkpoints is a file, where the run writes its checkpoints "
+                             "directory"});
+       }},
+      {"--run-dir that is a symbolic link to nothing", kExitConfig,
+       [&](const CaseDir& d) {
+         REQUIRE(::symlink("gone", (d / "dangling").c_str()) == 0);
+         return with_config(d, {"fit", "cfg.yaml", "--run-dir", "dangling"},
+                            {"run directory dangling: dangling is a symbolic link to nothing"});
+       }},
+      {"the config is the run directory's config.yaml, written by hand", kExitConfig,
+       [&](const CaseDir& d) {
+         d.write("mine/config.yaml", "# my notes\n" + s.idx_config());
+         return Invocation{{"fit", "mine/config.yaml", "--run-dir", "mine"},
+                           {"mine/config.yaml is the run directory's config.yaml, which the run replaces"}};
+       }},
       {"--run-dir that is an existing file", kExitConfig,
        [&](const CaseDir& d) {
          d.write("notes.txt", "the user's file\n");
@@ -1079,6 +1098,15 @@ TEST_CASE("bad_input: a finished run's directory is left unchanged", "[bad_input
        [&](const CaseDir& d) {
          finished_run(d);
          return Invocation{{"fit", "cfg.yaml", "--run-dir", "run"}, {"run", "already holds checkpoints"}};
+       }},
+      {"--resume auto where metrics.jsonl is a directory", kExitConfig,
+       [&](const CaseDir& d) {
+         finished_run(d);
+         files::remove_file(d / "run/metrics.jsonl");
+         files::make_directories(d / "run/metrics.jsonl");
+         return Invocation{{"fit", "cfg.yaml", "--run-dir", "run", "--resume", "auto", "--set", "trainer.max_steps=3"},
+                           {"run directory run: run/metrics.jsonl is a directory, where the run writes its "
+                            "metrics.jsonl"}};
        }},
       {"fit again without --resume where every checkpoint is damaged", kExitConfig,
        [&](const CaseDir& d) {

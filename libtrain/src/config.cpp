@@ -1606,7 +1606,7 @@ std::string to_yaml(const Config& config) {
   // Trailing comments are aligned per section, but long values do not push them further out.
   constexpr size_t kMaxAlignedWidth = 40;
   std::ostringstream out;
-  out << "# train configuration: every key, defaults filled in.\n";
+  out << kResolvedConfigHeader << "\n";
   if (!config.source.empty()) out << "# Loaded from " << config.source << "\n";
   for (const SectionInfo& section : kSections) {
     std::vector<std::pair<std::string, const Key*>> lines;

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -14,6 +15,8 @@
 #include <chrono>
 #include <csignal>
 #include <cstdint>
+#include <cstring>
+#include <fstream>
 #include <iterator>
 #include <optional>
 #include <sstream>
@@ -153,16 +156,55 @@ std::string describe_current_exception() {
 
 // The run directory must be a directory or something mkdir -p can create: a regular file there, or
 // on the way there, is a usage error found before anything runs.
-void check_run_dir(const std::string& run_dir) {
+void check_run_dir(const std::string& run_dir, const std::string& config_source) {
+  const std::string hint = " (--run-dir, FitOptions::run_dir)";
   for (std::string path = run_dir;; path = files::parent(path)) {
+    struct stat link {};
+    if (::lstat(path.c_str(), &link) == 0 && S_ISLNK(link.st_mode) && !files::exists(path)) {
+      throw UsageError("run directory " + run_dir + ": " + path +
+                       " is a symbolic link to nothing (its target does not exist); give a directory" + hint);
+    }
     if (files::exists(path)) {
       if (!files::is_directory(path)) {
         throw UsageError("run directory " + run_dir + ": " + (path == run_dir ? std::string() : path + " ") +
-                         "is a file, not a directory; give a directory (or a path to create) (--run-dir, FitOptions::run_dir)");
+                         "is a file, not a directory; give a directory (or a path to create)" + hint);
       }
-      return;
+      if (::access(path.c_str(), W_OK | X_OK) != 0) {
+        throw UsageError("run directory " + run_dir + ": " + (path == run_dir ? std::string() : path + " ") +
+                         "is not writable (" + std::strerror(errno) + ")" + hint);
+      }
+      break;
     }
-    if (files::parent(path) == path || files::parent(path) == ".") return;
+    if (files::parent(path) == path || files::parent(path) == ".") break;
+  }
+  if (!files::is_directory(run_dir)) return;
+  // What the run writes must be free to write: a directory where it writes a file (or a file where
+  // it makes a directory) would stop the run late, after its first steps and checkpoint interval.
+  const std::pair<const char*, bool> layout[] = {{"checkpoints", true},    {"config.yaml", false},
+                                                 {"plan.json", false},     {"metrics.jsonl", false},
+                                                 {"train.log", false}};
+  for (const auto& [name, directory] : layout) {
+    const std::string path = files::join(run_dir, name);
+    if (files::exists(path) && files::is_directory(path) != directory) {
+      throw UsageError("run directory " + run_dir + ": " + path + " is " + (directory ? "a file" : "a directory") +
+                       ", where the run writes its " + (directory ? "checkpoints directory" : std::string(name)) +
+                       "; move it out of the way, or give another run directory" + hint);
+    }
+  }
+  // The run rewrites config.yaml with every key resolved: a config of the user's own there would
+  // lose its comments and layout. (One that a run wrote, resumed from, is rewritten the same.)
+  struct stat mine {}, theirs {};
+  const std::string written = files::join(run_dir, "config.yaml");
+  if (!config_source.empty() && ::stat(config_source.c_str(), &mine) == 0 && ::stat(written.c_str(), &theirs) == 0 &&
+      mine.st_dev == theirs.st_dev && mine.st_ino == theirs.st_ino) {
+    std::ifstream in(written);
+    std::string first;
+    std::getline(in, first);
+    if (first.rfind(kResolvedConfigHeader, 0) != 0) {
+      throw UsageError(config_source + " is the run directory's config.yaml, which the run replaces with the resolved "
+                       "config (every key, no comments); keep your config outside the run directory, or give "
+                       "another one" + hint);
+    }
   }
 }
 
@@ -302,7 +344,7 @@ FitReport train_in_run_dir(const Config& config, RunParts& run, const std::strin
 void check_fit_options(const Config& config, const FitOptions& options) {
   if (options.run_dir.empty()) throw UsageError("no run directory given (FitOptions::run_dir, --run-dir)");
   check_runs_here(config);
-  check_run_dir(options.run_dir);
+  check_run_dir(options.run_dir, config.source);
   // Checkpoints are never overwritten by a new run, not even damaged ones: a file that does not
   // open here may be a copy still arriving, or the only trace of the run's progress.
   const std::string ckpt_dir = files::join(options.run_dir, "checkpoints");

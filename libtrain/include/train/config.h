@@ -302,6 +302,8 @@ struct ConfigChange {
 std::vector<ConfigChange> config_changes(const Config& before, const Config& after);
 
 // The fully resolved config (every key, defaults filled in) as YAML that parse_config accepts.
+// Its first line starts with kResolvedConfigHeader.
+inline constexpr const char* kResolvedConfigHeader = "# train configuration: every key, defaults filled in.";
 std::string to_yaml(const Config& config);
 
 // Markdown reference of every key: path, type, default, allowed values, meaning.
