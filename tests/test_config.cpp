@@ -468,6 +468,17 @@ TEST_CASE("overrides (--set) are typed, checked and applied after the file", "[c
     CHECK(c.model.init_from.empty());
     CHECK(c.trainer.epochs == 6);  // the last override wins
   }
+  SECTION("a whole section is not a key") {
+    CHECK_THROWS_WITH(parse_config(kRequired, "test.yaml", {"optim={lr: 0.5}"}),
+                      Catch::Contains("--set optim={lr: 0.5}: key 'optim': a section, not a key; --set takes one key "
+                                      "at a time, e.g. --set optim.name=..."));
+  }
+  SECTION("a NUL character in a string, from YAML's \\0 escape") {
+    CHECK_THROWS_WITH(parse_config(kRequired + "tuning: {cache_dir: \"plans\\0junk\"}\n", "test.yaml"),
+                      Catch::Contains("test.yaml:") && Catch::Contains("holds a NUL character"));
+    CHECK_THROWS_WITH(parse_config(kRequired, "test.yaml", {"model.name=\"mlp\\0\""}),
+                      Catch::Contains("key 'model.name'") && Catch::Contains("holds a NUL character"));
+  }
   SECTION("they can supply a missing required key") {
     const Config c = parse_config(kModelAndData + "trainer: {epochs: 1}\n", "test.yaml",
                                   {"trainer.global_batch=64"});

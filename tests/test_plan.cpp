@@ -95,6 +95,12 @@ TEST_CASE("plan: device-dependent decisions", "[plan]") {
   CHECK_FALSE(cpu.cudnn_benchmark);
   CHECK(cpu.threads == 2);
   CHECK(cpu.workers == 1);
+  // More threads than cores: as asked, with a warning.
+  Config many = c;
+  many.trainer.threads = 64;
+  const Plan oversubscribed = make_plan(many, cpu_profile(2), conv);
+  CHECK(oversubscribed.threads == 64);
+  CHECK_THAT(oversubscribed.to_text(), Catch::Contains("64 threads on 2 cores: threads that wait for a core"));
 
   const Plan a100 = make_plan(c, gpu_profile(8), conv);
   CHECK(a100.tf32);
@@ -673,6 +679,9 @@ TEST_CASE("tune_host_malloc keeps a step's freed memory in the process, unless t
   CHECK(faults_in(plain) > 20000);
   CHECK(faults_in(kept) >= 0);
   CHECK(faults_in(kept) < faults_in(plain) / 20);
+  // A value other than 'default' is said to be ignored.
+  CHECK_THAT(run("-u MALLOC_ARENA_MAX -u GLIBC_TUNABLES -u LD_PRELOAD TRAIN_HOST_MALLOC=off"),
+             Catch::Contains("tuned=1") && Catch::Contains("TRAIN_HOST_MALLOC=off ignored"));
   // Another malloc setting in the environment wins.
   CHECK_THAT(run("MALLOC_TOP_PAD_=4096"), Catch::Contains("tuned=0") && Catch::Contains("MALLOC_TOP_PAD_ is set"));
 #endif

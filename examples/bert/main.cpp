@@ -387,6 +387,17 @@ int main(int argc, char** argv) {
   try {
     if (argc < 2) throw train::UsageError(usage);
     const std::string command = argv[1];
+    if (command == "--help" || command == "-h" || command == "help") {
+      std::cout << usage << "\n"
+                << "  prepare [--fortunes DIR] [--out DIR] [--vocab-size N] [--val-every K] [--uncased-vocab VOCAB]\n"
+                << "      the fortunes corpus -> vocab.txt, train/val .tokens and .tsv in OUT (default data/fortunes)\n"
+                << "  pretokenize --vocab VOCAB --out FILE.tokens [--separator LINE] [--cased] TEXT...\n"
+                << "      any corpus -> a token file\n"
+                << "  baselines [--data DIR]\n"
+                << "      the most-frequent-token and majority-class accuracies the trained models must beat\n"
+                << "Training runs through train fit (configs/bert_tiny_mlm.yaml, configs/minilm_finetune.yaml).\n";
+      return 0;
+    }
     if (command == "prepare") return prepare(argc, argv);
     if (command == "pretokenize") return pretokenize(argc, argv);
     if (command == "baselines") return baselines(argc, argv);

@@ -137,10 +137,14 @@ int cmd_plan(CommonArgs args, bool json, const std::string& device, int64_t worl
                               world_size, " (", world_size, " ranks on hosts of ", local_world_size, " each)"));
   }
   if (!device.empty()) {
-    // Named here as the user wrote it (not as the tuning.device override it becomes).
+    // Named here as the user wrote it (not as the tuning.device override it becomes). Quietly:
+    // the plan names the device again, with its warnings (a compute capability without kernels).
     try {
+      log::set_level(log::Level::error);
       named_device(device);
+      log::set_level(log::Level::info);
     } catch (const ConfigError& e) {
+      log::set_level(log::Level::info);
       const std::string what = e.what(), key = "key 'tuning.device': ";
       throw UsageError("--device " + device + ": " + (what.rfind(key, 0) == 0 ? what.substr(key.size()) : what));
     }
@@ -315,7 +319,7 @@ int run_cli(int argc, char** argv) {
              "failure; 2 invalid usage, config or checkpoint; 3 stopped by SIGTERM/SIGINT/SIGUSR1 after a "
              "checkpoint (resume with --resume auto); 128+N stopped by signal N without a checkpoint (a second "
              "signal 1 s or more after the first, or trainer.stop_grace_s exceeded); 127 train launch could not "
-             "start a rank. Bad input leaves no run directory behind.");
+             "start a rank. Bad input leaves the run directory as it was (none, if there was none).");
 
   CommonArgs fit_args, eval_args, check_args, plan_args;
   std::string run_dir, resume, checkpoint;

@@ -1009,6 +1009,7 @@ std::string option_name_problem(const std::string& name) {
 // One model.options value: a scalar, kept as written.
 std::string read_option_value(const YAML::Node& node, const std::string& where, const std::string& path) {
   if (!node.IsScalar()) fail_type(where, path, "a number, bool or string", node);
+  if (node.Scalar().find('\0') != std::string::npos) fail(where, path, "holds a NUL character (\\0)");
   return node.Scalar();
 }
 
@@ -1033,6 +1034,10 @@ Value read_value(const Key& key, const YAML::Node& node, const std::string& wher
     case Type::Enum: {
       if (!node.IsScalar() && !node.IsNull()) fail_type(where, key.path, "a string", node);
       const std::string text = node.IsNull() ? "" : node.Scalar();
+      // YAML's "\0" escape: the C strings of paths and messages would end there, unseen.
+      if (text.find('\0') != std::string::npos) {
+        fail(where, key.path, "holds a NUL character (\\0), which no path, name or setting can contain");
+      }
       if (key.type == Type::Enum &&
           std::find(key.allowed.begin(), key.allowed.end(), text) == key.allowed.end()) {
         const auto suggestion = closest_index(text, key.allowed);
@@ -1274,6 +1279,18 @@ void ConfigBuilder::apply_override(const std::string& assignment) {
   if (one_option) {
     if (const std::string problem = option_name_problem(path.substr(options_prefix.size())); !problem.empty())
       fail(origin.source, path, problem);
+  } else if (!key && is_section(path)) {
+    // "--set optim={lr: 0.5}" or "--set trainer=3": a whole section, which --set does not take.
+    std::string example = path + ".NAME";
+    for (const Key& k : schema()) {
+      if (k.section == path) {
+        example = k.path;
+        break;
+      }
+    }
+    fail(origin.source, path,
+         "a section, not a key; --set takes one key at a time, e.g. --set " + example +
+             "=... (train config --reference lists them)");
   } else if (!key) {
     fail(origin.source, path, unknown_path_problem(path));
   }

@@ -57,6 +57,9 @@ bool tune_host_malloc() {
                                "freed memory stays in the process for the next step (glibc: blocks under 32 MiB "
                                "from the heap, up to 2 GiB kept untrimmed)"}
              : HostMallocState{false, "glibc refused the settings (mallopt)"};
+  if (const char* user = std::getenv("TRAIN_HOST_MALLOC"); user != nullptr && *user != '\0') {
+    state.reason += std::string("; TRAIN_HOST_MALLOC=") + user + " ignored: the one value it takes is 'default'";
+  }
   return ok;
 #else
   state = {false, "not glibc: the C library's own malloc"};

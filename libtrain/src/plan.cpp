@@ -423,10 +423,18 @@ Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInpu
   // ---- CPU threads ----
   const int64_t sharing = std::max<int64_t>(1, inputs.local_world_size);
   plan.threads = config.trainer.threads > 0 ? config.trainer.threads : std::max<int64_t>(1, device.cpu_cores / sharing);
+  std::vector<std::string> thread_warnings;
+  if (config.trainer.threads > 0 && device.cpu_cores > 0 && plan.threads * sharing > device.cpu_cores) {
+    thread_warnings.push_back(log::str(plan.threads, " threads", sharing > 1 ? log::str(" x ", sharing, " ranks") : "",
+                                       " on ", device.cpu_cores,
+                                       " cores: threads that wait for a core slow every operation down; leave "
+                                       "trainer.threads at 0 for one per core"));
+  }
   decide("threads", std::to_string(plan.threads),
          config.trainer.threads > 0 ? "trainer.threads"
          : sharing > 1 ? log::str(device.cpu_cores, " cores available / ", sharing, " ranks on this host")
-                       : std::to_string(device.cpu_cores) + " cores available to this process");
+                       : std::to_string(device.cpu_cores) + " cores available to this process",
+         std::move(thread_warnings));
 
   const HostMallocState heap = host_malloc_state();
   plan.host_malloc_kept = heap.tuned;

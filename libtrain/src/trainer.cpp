@@ -494,6 +494,7 @@ struct Trainer::Impl {
     const TrainState st = load_checkpoint(path, *model, optimizer.get());
     step = st.step;
     samples_seen = st.samples_seen;
+    check_saved_settings(st, path);
     warn_about_config_changes(st, path);
     int64_t micro = plan.micro_batch, world = plan.world_size;
     std::set<std::pair<int64_t, int64_t>> skipped;
@@ -569,6 +570,26 @@ struct Trainer::Impl {
   // longer the uninterrupted run; say so. Every config key is compared except those that decide
   // only where files are, how fast, or what is logged; the plan's batch, LR, micro-batch, threads
   // and precision (which follow from the machine as well as the config) are compared as saved.
+  // The plan's settings a checkpoint records, compared on resume: values no run writes are a
+  // damaged file, not a change to report ("the plan's global batch -8 -> 8").
+  static void check_saved_settings(const TrainState& st, const std::string& path) {
+    auto damaged = [&path](const std::string& what) {
+      return CheckpointError(path + ": damaged trainer state: " + what);
+    };
+    for (const char* name : {"trainer/global_batch", "trainer/lr", "trainer/precision", "trainer/threads"}) {
+      const auto it = st.tensors.find(name);
+      if (it == st.tensors.end()) continue;
+      const torch::Tensor& t = it->second;
+      if (t.numel() != 1) throw damaged(log::str(name, " holds ", t.numel(), " values"));
+      const double value = t.item<double>();
+      const std::string key = name;
+      if (!std::isfinite(value) || value < 0 || (key == "trainer/global_batch" && value < 1) ||
+          (key == "trainer/precision" && value != 0 && value != 1 && value != 2)) {
+        throw damaged(key + " " + log::exact(value));
+      }
+    }
+  }
+
   void warn_about_config_changes(const TrainState& st, const std::string& path) const {
     std::vector<std::string> trajectory, execution;
     if (!st.config_yaml.empty()) {
