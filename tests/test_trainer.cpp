@@ -791,6 +791,29 @@ std::string resume_log(const Config& c, const std::string& dir, const std::strin
 
 }  // namespace
 
+TEST_CASE("fit: a checkpoint whose recorded settings no run writes is damaged, not a change to report",
+          "[trainer][resume]") {
+  register_tiny_mlp();
+  const std::string dir = temp_dir("damaged_settings");
+  const Config c = resumable_config();
+  fit_into(c, dir);
+  const std::string checkpoint = checkpoint_path(files::join(dir, "checkpoints"), 2);
+  for (const auto& [name, value] : {std::pair{"trainer/global_batch", -8.0}, std::pair{"trainer/global_batch", 0.0},
+                                    std::pair{"trainer/lr", std::nan("")}, std::pair{"trainer/precision", 99.0}}) {
+    INFO(name << " " << value);
+    RunParts run = prepare_run(c);
+    auto optimizer = make_optimizer(c.optim, *run.model, c.optim.lr);
+    TrainState st = load_checkpoint(checkpoint, *run.model, optimizer.get());
+    REQUIRE(st.tensors.count(name) == 1);
+    st.tensors[name] = torch::tensor(value, st.tensors[name].scalar_type());
+    const std::string damaged = files::join(dir, "damaged.pt");
+    save_checkpoint(damaged, *run.model, optimizer.get(), st);
+    Trainer t(c, run.plan, run.model, run.train, nullptr, dir);
+    CHECK_THROWS_WITH(t.fit(damaged), Catch::Contains("damaged.pt: damaged trainer state: " + std::string(name)));
+  }
+  files::remove_all(dir);
+}
+
 TEST_CASE("fit: resuming with settings that change the trajectory names each of them in a warning and only them",
           "[trainer][resume]") {
   register_tiny_mlp();
