@@ -873,6 +873,22 @@ TEST_CASE("bad_input: missing truncated or malformed data files exit 1 naming th
          d.write("cfg.yaml", s.idx_config(root));
          return Invocation{{"fit", "cfg.yaml"}, {root + "/t10k-labels-idx1-ubyte.gz", "truncated"}};
        }},
+      {"data.vocab_file that is a directory", kExitData,
+       [&](const CaseDir& d) {
+         files::make_directories(d / "adir");
+         d.write("cfg.yaml", s.tokens_config(s.tokens));
+         return Invocation{{"fit", "cfg.yaml", "--set", "data.vocab_file=" + d / "adir"},
+                           {"--set data.vocab_file=", "key 'data.vocab_file': " + d / "adir" +
+                            ": is a directory, expected a file"}};
+       }},
+      {"data.train_dir that is a file", kExitData,
+       [&](const CaseDir& d) {
+         const std::string root = d.copy_of(s.folder, "folder");
+         d.write("folder/list.txt", "not a directory\n");
+         d.write("cfg.yaml", s.folder_config(root));
+         return Invocation{{"fit", "cfg.yaml", "--set", "data.train_dir=list.txt"},
+                           {"--set data.train_dir=list.txt", "key 'data.train_dir'", "is not a directory"}};
+       }},
       {"empty ImageFolder", kExitData,
        [&](const CaseDir& d) {
          files::make_directories(d / "folder/train/ant");

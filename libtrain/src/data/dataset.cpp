@@ -479,13 +479,17 @@ std::string relative_note(const std::string& path) {
 // The paths the data section names that are not there, reported by key ("key 'data.root': ..."),
 // so that the command puts where the key was set in front of the message: a dataset not prepared
 // yet, or a run started from another directory, is then plain from the message. Only existence is
-// checked here; each reader checks its file's type and contents. Still a DataError (exit code 1).
+// checked here, and the kind of file (a directory where a file is read, or the reverse); each reader
+// checks its file's contents. Still a DataError (exit code 1).
 void require_paths(const DataConfig& config, Split split) {
   const bool train = split == Split::Train;
   const bool uses_root = config.kind == "idx" || config.kind == "image_folder" || config.kind == "tsv" ||
                          (config.kind == "tokens" && !config.root.empty());
   if (uses_root && !config.root.empty() && !files::exists(config.root)) {
     throw DataError("key 'data.root': " + config.root + " does not exist" + relative_note(config.root));
+  }
+  if (uses_root && !config.root.empty() && !files::is_directory(config.root)) {
+    throw DataError("key 'data.root': " + config.root + " is not a directory");
   }
   if (uses_root && config.root.empty()) return;  // the kind's own check says that data.root is required
   std::vector<std::pair<std::string, std::string>> paths;  // key, the path as the reader opens it
@@ -515,6 +519,18 @@ void require_paths(const DataConfig& config, Split split) {
   }
   for (const auto& [key, path] : paths) {
     if (!files::exists(path)) throw DataError("key '" + key + "': " + path + " does not exist" + relative_note(path));
+    // The kind of file too: a directory given for a file (or a device, a pipe) is the key's
+    // mistake, named as such; the reader checks what the file holds.
+    const bool directory = key == "data.train_dir" || key == "data.val_dir";
+    if (directory && !files::is_directory(path)) {
+      throw DataError("key '" + key + "': " + path + " is not a directory (an ImageFolder split holds one "
+                      "directory per class)");
+    }
+    if (!directory) {
+      if (const std::string problem = files::input_file_problem(path); !problem.empty()) {
+        throw DataError("key '" + key + "': " + path + ": " + problem + ", expected a file");
+      }
+    }
   }
 }
 
