@@ -569,6 +569,17 @@ TEST_CASE("bad_input: bad --set overrides and flags exit 2", "[bad_input][proces
        [&](const CaseDir& d) {
          return with_config(d, {"launch", "--nproc", "1", "--master-port", "70000", "cfg.yaml"}, {"--master-port"});
        }},
+      {"--run-dir that is empty", kExitConfig,
+       [&](const CaseDir& d) {
+         return with_config(d, {"fit", "cfg.yaml", "--run-dir", ""}, {"--run-dir: empty; leave it out"});
+       }},
+      {"--resume naming a safetensors file", kExitConfig,
+       [&](const CaseDir& d) {
+         d.write("weights.safetensors", "not read\n");
+         return with_config(d, {"fit", "cfg.yaml", "--resume", "weights.safetensors"},
+                            {"weights.safetensors: a safetensors file holds weights alone",
+                             "model.init_from: weights.safetensors"});
+       }},
       {"--run-dir whose checkpoints is a file", kExitConfig,
        [&](const CaseDir& d) {
          d.write("mine/checkpoints", "the user's file\n");

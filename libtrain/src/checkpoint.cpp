@@ -296,6 +296,10 @@ torch::serialize::InputArchive open_archive(const std::string& path) {
   if (const std::string problem = files::input_file_problem(sum_path(path)); !problem.empty()) {
     throw CheckpointError(sum_path(path) + ": " + problem + ", expected a checksum file");
   }
+  if (path.size() > 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0) {
+    throw CheckpointError(path + ": a safetensors file holds weights alone, not a run's state (optimizer, step, data "
+                          "position); start a run from its weights with model.init_from: " + path);
+  }
   verify_sum(path);
   if (!files::exists(sum_path(path))) verify_zip_members(path);
   torch::serialize::InputArchive archive;

@@ -327,7 +327,9 @@ int run_cli(int argc, char** argv) {
 
   auto* fit = app.add_subcommand("fit", "Train a model from a YAML config");
   add_common(fit, fit_args);
-  fit->add_option("--run-dir", run_dir, "Run directory (default: runs/<config name>)");
+  fit->add_option("--run-dir", run_dir, "Run directory (default: runs/<config name>)")
+      ->check(CLI::Validator([](std::string& v) { return v.empty() ? std::string("empty; leave it out for runs/<config name>") : std::string(); },
+                             "", "non-empty"));
   fit->add_option("--resume", resume, "Checkpoint to resume from, or 'auto' for the newest in the run directory")
       ->type_name("PATH|auto");
 
@@ -341,7 +343,9 @@ int run_cli(int argc, char** argv) {
       ->check(CLI::Range(1, static_cast<int>(kMaxLocalRanks)));
   launch->add_option("--master-port", master_port, "Rendezvous port, 1-65535 (default or 0: a free one)")
       ->check(CLI::Range(0, 65535));
-  launch->add_option("--run-dir", launch_run_dir, "Run directory (default: runs/<config name>)");
+  launch->add_option("--run-dir", launch_run_dir, "Run directory (default: runs/<config name>)")
+      ->check(CLI::Validator([](std::string& v) { return v.empty() ? std::string("empty; leave it out for runs/<config name>") : std::string(); },
+                             "", "non-empty"));
   launch->add_option("--resume", launch_resume, "Checkpoint to resume from, or 'auto'")->type_name("PATH|auto");
 
   auto* eval = app.add_subcommand("eval", "Evaluate a checkpoint on the validation split");

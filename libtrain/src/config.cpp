@@ -219,7 +219,11 @@ std::vector<Key> build_schema() {
   using T = TrainerConfig;
   return {
       model("name", &M::name, "registry name of the network, e.g. resnet18").is_required(),
-      model("num_classes", &M::num_classes, "number of output classes").at_least(1).at_most(limits::kMaxClasses),
+      model("num_classes", &M::num_classes,
+            "number of output classes, at least the data's classes (bert-mlm: its output is model.vocab_size "
+            "wide, and this is only checked: at least the token data's vocabulary)")
+          .at_least(1)
+          .at_most(limits::kMaxClasses),
       model("in_channels", &M::in_channels, "channels of the input images").at_least(1).at_most(limits::kMaxChannels),
       model("width", &M::width, "channel width multiplier (1.0 = torchvision's widths)").above(0).at_most(limits::kMaxWidth),
       model("small_input", &M::small_input,
