@@ -678,3 +678,106 @@ TEST_CASE("library_use: model.options reach a program's model builder and unread
                     Catch::Contains("key 'model.options.depth': model 'mlp' does not read this option (it reads no options)"));
   files::remove_all(tmp);
 }
+
+namespace {
+
+// Brightness, with one of the mistakes a program's own dataset makes.
+enum class DataFlaw { kFloatTargets, kLabelBeyondClasses, kInputShapeOtherThanSaid, kNoTargets };
+class FlawedBrightness : public Brightness {
+ public:
+  explicit FlawedBrightness(DataFlaw flaw) : flaw_(flaw) {}
+  data::Example get(int64_t index, uint64_t seed) const override {
+    data::Example e = Brightness::get(index, seed);
+    switch (flaw_) {
+      case DataFlaw::kFloatTargets: e.target = e.target.to(torch::kFloat); break;
+      case DataFlaw::kLabelBeyondClasses: if (index == 5) e.target = torch::tensor(int64_t{7}); break;
+      case DataFlaw::kInputShapeOtherThanSaid: e.input = e.input.reshape({1, 14, 56}); break;
+      case DataFlaw::kNoTargets: e.target = torch::Tensor(); break;
+    }
+    return e;
+  }
+
+ private:
+  DataFlaw flaw_;
+};
+
+// A classifier whose forward returns one value per sample instead of a row of logits: the mistake
+// a model edited after its plan was cached makes (the plan cache keys on parameter shapes).
+class OneValuePerSample : public models::Model {
+ public:
+  OneValuePerSample() : fc_(register_module("fc", torch::nn::Linear(28 * 28, 4))) {}
+  torch::Tensor forward(const torch::Tensor& x) override { return fc_(x.flatten(1)).sum(1); }
+
+ private:
+  torch::nn::Linear fc_;
+};
+
+}  // namespace
+
+// What a program's own dataset or model gets wrong is found before the loss, every step and every
+// evaluation, on a plan made without a probe (tuning.micro_batch, or a plan-cache hit) as well:
+// a DataError or an Error naming the data, the rule and the model, never c10's "Target 7 is out of
+// bounds" or "mat1 and mat2 shapes cannot be multiplied" (and on a GPU, no device-side assert).
+TEST_CASE("library_use: a custom dataset's or model's mistakes are errors that name them", "[library_use]") {
+  models::register_model("test_one_value_per_sample",
+                         [](const ModelConfig&) { return std::make_shared<OneValuePerSample>(); },
+                         "returns [batch] instead of [batch, classes]");
+  const auto config = [](const std::string& model, const std::string& extra = "") {
+    return parse_config("model: {name: " + model + ", in_channels: 1, num_classes: 4}\n"
+                        "data: {kind: custom, workers: 0}\n"
+                        "trainer: {global_batch: 8, max_steps: 10, device: cpu, threads: 1, eval_every_steps: 0}\n"
+                        "tuning: {micro_batch: 8}\n" + extra,
+                        "flawed.yaml");
+  };
+  const auto fit_with = [](const Config& c, data::DatasetPtr train, data::DatasetPtr val = nullptr) {
+    RunOptions options;
+    options.train_data = std::move(train);
+    options.val_data = std::move(val);
+    RunParts run = prepare_run(c, options);
+    Trainer(c, run.plan, run.model, run.train, run.val, "").fit();
+  };
+  const Config mlp = config("mlp");
+  const auto flawed = [](DataFlaw flaw) { return std::make_shared<FlawedBrightness>(flaw); };
+
+  CHECK_THROWS_AS(fit_with(mlp, flawed(DataFlaw::kFloatTargets)), DataError);
+  CHECK_THROWS_WITH(fit_with(mlp, flawed(DataFlaw::kFloatTargets)),
+                    Catch::Contains("the training data (brightness (40 samples)) gave Float targets") &&
+                        Catch::Contains("model 'mlp' is trained with cross-entropy on int64 class indices"));
+  // Sample 5 is in the first batch of one epoch or another: found within the run's 10 steps.
+  CHECK_THROWS_WITH(fit_with(mlp, flawed(DataFlaw::kLabelBeyondClasses)),
+                    Catch::Contains("gave the target 7, outside its classes [0, 4)") &&
+                        Catch::Contains("below num_classes()"));
+  CHECK_THROWS_WITH(fit_with(mlp, flawed(DataFlaw::kInputShapeOtherThanSaid)),
+                    Catch::Contains("gave a batch of inputs of shape [8, 1, 14, 56], but its input_shape() is [1, 28, 28]"));
+  CHECK_THROWS_AS(fit_with(mlp, flawed(DataFlaw::kNoTargets)), DataError);
+  // The validation data is checked as well.
+  CHECK_THROWS_WITH(fit_with(config("mlp", "checkpoint: {best: accuracy}\n"), std::make_shared<Brightness>(),
+                             flawed(DataFlaw::kLabelBeyondClasses)),
+                    Catch::Contains("the validation data (brightness (40 samples)) gave the target 7"));
+  // The model's output, without a probe to find it first.
+  CHECK_THROWS_WITH(fit_with(config("test_one_value_per_sample"), std::make_shared<Brightness>()),
+                    Catch::Contains("model 'test_one_value_per_sample': its output has shape [8]: 1 row(s) of logits "
+                                    "for 8 target(s)"));
+
+  // The Trainer built by hand: a null model or training set is a UsageError, not a crash.
+  RunOptions options;
+  options.train_data = std::make_shared<Brightness>();
+  RunParts run = prepare_run(mlp, options);
+  CHECK_THROWS_AS(Trainer(mlp, run.plan, nullptr, run.train, nullptr, ""), UsageError);
+  CHECK_THROWS_WITH(Trainer(mlp, run.plan, run.model, nullptr, nullptr, ""), Catch::Contains("no training set"));
+
+  // An empty validation set is none: no evaluations (with a warning), and checkpoint.best, which
+  // ranks evaluations, says so.
+  class Empty : public Brightness {
+   public:
+    int64_t size() const override { return 0; }
+  };
+  const auto empty = std::make_shared<Empty>();
+  Trainer trainer(mlp, run.plan, run.model, run.train, empty, "");
+  const FitResult result = trainer.fit();
+  CHECK(result.steps == 10);
+  CHECK(result.val.samples == 0);
+  const Config best = config("mlp", "checkpoint: {best: loss}\n");
+  CHECK_THROWS_WITH(Trainer(best, run.plan, run.model, run.train, empty, ""),
+                    Catch::Contains("key 'checkpoint.best'") && Catch::Contains("an empty validation split"));
+}

@@ -283,12 +283,7 @@ class ProbeSession {
     }
     const torch::Tensor logits =
         options_.target_fraction < 1.0 ? model_.forward_selected(input_, target_positions()) : model_.forward(input_);
-    if (logits.dim() < 1 || logits.size(-1) < options_.num_classes) {
-      // (More logits than classes trains, if wastefully; fewer fails at the first target beyond.)
-      throw Error(log::str("the model's output has shape [", join_sizes(logits.sizes()), "], but the data has ",
-                           options_.num_classes, " classes: a model's forward must return logits whose last "
-                           "dimension is the number of classes"));
-    }
+    check_logits("", logits, /*targets=*/-1, options_.num_classes);
     const torch::Tensor target =
         torch::randint(options_.num_classes, logits.sizes().slice(0, logits.dim() - 1),
                        torch::TensorOptions().dtype(torch::kLong).device(device_));

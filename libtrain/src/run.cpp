@@ -498,9 +498,9 @@ void check_model_settings(const Config& config, const models::Model& model, bool
       }
     }
     if (best != "none" && data_read) {
-      if (val == nullptr) {
-        throw ConfigError("key 'checkpoint.best': " + best +
-                          " ranks evaluations, but this run has no validation split; set checkpoint.best: none");
+      if (val == nullptr || val->size() == 0) {
+        throw ConfigError("key 'checkpoint.best': " + best + " ranks evaluations, but this run has " +
+                          (val == nullptr ? "no" : "an empty") + " validation split; set checkpoint.best: none");
       }
       const int64_t classes = val->num_classes();
       if (best == "top5" && classes > 0 && classes <= 5) {

@@ -47,8 +47,10 @@ double seconds_since(Clock::time_point t) {
 }
 
 // Cross-entropy over the batch, mean or sum; token tasks use -100 for positions without a target.
-torch::Tensor loss_fn(const torch::Tensor& logits, const torch::Tensor& target, double label_smoothing,
-                      bool sum = false) {
+// `model` names the model in the message when the logits do not fit the data's `num_classes`.
+torch::Tensor loss_fn(const std::string& model, int64_t num_classes, const torch::Tensor& logits,
+                      const torch::Tensor& target, double label_smoothing, bool sum = false) {
+  check_logits(model, logits, target.numel(), num_classes);
   auto options = torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100);
   if (label_smoothing > 0) options.label_smoothing(label_smoothing);
   if (sum) options.reduction(torch::kSum);
@@ -461,7 +463,8 @@ struct Trainer::Impl {
     {
       AutocastScope amp(device.type(), autocast_dtype(), autocast());
       loss = own_loss ? checked_own_loss(*model, config.model.name, model->forward(input), target)
-                      : loss_fn(model->forward(input), target, config.loss.label_smoothing);
+                      : loss_fn(config.model.name, train_set->num_classes(), model->forward(input), target,
+                                config.loss.label_smoothing);
     }
     loss.backward();
     {
@@ -790,20 +793,57 @@ struct Trainer::Impl {
     if (!feeder) {
       auto batch = loader->next();
       if (!batch) throw Error("loader ran out of batches mid-step (dataset shrank?)");
-      return to_device(*batch);
+      return to_device(checked(std::move(*batch), *train_set, "training"));
     }
     if (!feeder->staged()) {
       auto batch = loader->next();
       if (!batch) throw Error("loader ran out of batches mid-step (dataset shrank?)");
-      feeder->stage(std::move(*batch));
+      feeder->stage(checked(std::move(*batch), *train_set, "training"));
     }
     data::Batch current = normalized(feeder->take());
     // Stage the next one while this one computes, within the epoch's whole steps only (the
     // epoch boundary restarts the loader).
     if (!last_of_run && loader->position().batch < batches_per_epoch()) {
-      if (auto ahead = loader->next()) feeder->stage(std::move(*ahead));
+      if (auto ahead = loader->next()) feeder->stage(checked(std::move(*ahead), *train_set, "training"));
     }
     return current;
+  }
+
+  // A batch from `data`, checked on the host before it moves, against what the dataset says of
+  // itself and what the loss takes. A custom Dataset's commonest mistakes otherwise surface deep in
+  // the model or the loss as c10 errors naming neither the data nor the rule ("mat1 and mat2
+  // shapes cannot be multiplied", "Target 7 is out of bounds"), and on a GPU an out-of-range class
+  // index is a device-side assert that ends the process. Sizes, and for class targets a min and a
+  // max over the batch's targets: microseconds.
+  data::Batch checked(data::Batch batch, const data::Dataset& data, const char* split) const {
+    const auto where = [&] { return log::str("the ", split, " data (", data.describe(), ")"); };
+    if (!batch.input.defined() || !batch.target.defined()) {
+      throw DataError(where() + " gave a batch without " + (batch.input.defined() ? "targets" : "inputs"));
+    }
+    if (data.static_shapes()) {
+      const std::vector<int64_t> shape = data.input_shape();
+      const auto sizes = batch.input.sizes();
+      if (!shape.empty() && (sizes.size() != shape.size() + 1 ||
+                             !std::equal(shape.begin(), shape.end(), sizes.begin() + 1))) {
+        throw DataError(log::str(where(), " gave a batch of inputs of shape ", sizes, ", but its input_shape() is ",
+                                 c10::IntArrayRef(shape), ": every sample's input must have that shape"));
+      }
+    }
+    if (own_loss) return batch;  // the model's loss takes whatever targets it takes
+    const torch::Tensor& target = batch.target;
+    if (target.scalar_type() != torch::kLong) {
+      throw DataError(log::str(where(), " gave ", target.scalar_type(), " targets, but model '", config.model.name,
+                               "' is trained with cross-entropy on int64 class indices (a model that takes other "
+                               "targets has its own loss: Model::has_own_loss)"));
+    }
+    const int64_t classes = data.num_classes();
+    if (target.numel() == 0) return batch;
+    if (target.min().item<int64_t>() >= 0 && target.max().item<int64_t>() < classes) return batch;
+    const torch::Tensor bad = target.ne(data::kIgnoreIndex).logical_and(target.lt(0).logical_or(target.ge(classes)));
+    if (!bad.any().item<bool>()) return batch;
+    throw DataError(log::str(where(), " gave the target ", target.masked_select(bad)[0].item<int64_t>(),
+                             ", outside its classes [0, ", classes, "): Dataset::get must return class indices below "
+                             "num_classes() (or ", data::kIgnoreIndex, " for a position without a target)"));
   }
 
   data::Batch to_device(const data::Batch& batch) const {
@@ -869,6 +909,8 @@ Trainer::Trainer(Config config, Plan plan, models::ModelPtr model, data::Dataset
                  std::string run_dir, dist::GroupPtr group)
     : impl_(std::make_unique<Impl>()) {
   auto& s = *impl_;
+  if (!model) throw UsageError("Trainer: no model (a null ModelPtr)");
+  if (!train) throw UsageError("Trainer: no training set (a null DatasetPtr)");
   if (!plan.scaled_batch && plan.global_batch != config.trainer.global_batch) {
     // A plan made from another config: the batch arithmetic and the LR would not be this config's.
     throw ConfigError(log::str("key 'trainer.global_batch': ", config.trainer.global_batch, " but the plan was made ",
@@ -897,6 +939,10 @@ Trainer::Trainer(Config config, Plan plan, models::ModelPtr model, data::Dataset
     }
   }
   check_model_settings(s.config, *s.model, /*data_read=*/true, s.val_set.get());
+  if (s.val_set && s.val_set->size() == 0) {
+    log::warn("the validation set is empty (" + s.val_set->describe() + "): this run has no evaluations");
+    s.val_set.reset();
+  }
   if (group && group->size() > 1) {
     if (group->size() != s.plan.world_size || group->rank() != s.plan.rank) {
       throw Error(log::str("the plan was made for rank ", s.plan.rank, " of ", s.plan.world_size,
@@ -996,7 +1042,7 @@ EvalResult Trainer::evaluate() {
   };
   constexpr int64_t kTop = 5;
   while (auto batch = loader.next()) {
-    auto b = s.to_device(*batch);
+    auto b = s.to_device(s.checked(std::move(*batch), *s.val_set, "validation"));
     if (s.own_loss) {  // the mean of the model's loss over samples; no accuracy
       torch::Tensor loss;
       {
@@ -1021,6 +1067,7 @@ EvalResult Trainer::evaluate() {
         logits = s.model->forward(b.input);
         flat_target = b.target.reshape({-1});
       }
+      check_logits(s.config.model.name, logits, flat_target.numel(), s.train_set->num_classes());
       add_metric_sums(logits, flat_target);
     }
     auto flat_logits = logits.reshape({-1, logits.size(-1)}).to(torch::kFloat);
@@ -1279,10 +1326,12 @@ FitResult Trainer::fit(const std::string& resume) {
           } else if (token_targets) {
             // Logits only where there is a target (MLM: 15 % of the positions).
             has_target = batch.target.ne(data::kIgnoreIndex);
-            loss = loss_fn(s.model->forward_selected(batch.input, has_target), batch.target.masked_select(has_target),
+            loss = loss_fn(s.config.model.name, s.train_set->num_classes(),
+                           s.model->forward_selected(batch.input, has_target), batch.target.masked_select(has_target),
                            s.config.loss.label_smoothing, /*sum=*/true);
           } else {
-            loss = loss_fn(s.model->forward(batch.input), batch.target, s.config.loss.label_smoothing);
+            loss = loss_fn(s.config.model.name, s.train_set->num_classes(), s.model->forward(batch.input),
+                           batch.target, s.config.loss.label_smoothing);
           }
         }
         if (token_targets) {
