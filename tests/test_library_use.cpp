@@ -2,12 +2,14 @@
 // documented flows, run from a fresh directory.
 #include "testing.h"
 
+#include <train/checkpoint.h>
 #include <train/config.h>
 #include <train/data/dataset.h>
 #include <train/data/token_file.h>
 #include <train/device.h>
 #include <train/errors.h>
 #include <train/files.h>
+#include <train/log.h>
 #include <train/fit.h>
 #include <train/metrics.h>
 #include <train/models/model.h>
@@ -780,4 +782,67 @@ TEST_CASE("library_use: a custom dataset's or model's mistakes are errors that n
   const Config best = config("mlp", "checkpoint: {best: loss}\n");
   CHECK_THROWS_WITH(Trainer(best, run.plan, run.model, run.train, empty, ""),
                     Catch::Contains("key 'checkpoint.best'") && Catch::Contains("an empty validation split"));
+}
+
+// What a program attached to the run reads and does: a metrics row's values by name, a stop asked
+// from a listener (after that very step, said in the result), and a model wider than its data
+// (warned of, and no top-5 for four classes).
+TEST_CASE("library_use: a metrics listener reads values by name and stops the run at its step", "[library_use]") {
+  MetricRecord row;
+  row.add("split", "train").add("step", 10).add("loss", 0.25).add("finite", true);
+  REQUIRE(row.find("split") != nullptr);
+  CHECK(std::get<std::string>(*row.find("split")) == "train");
+  CHECK(row.find("accuracy") == nullptr);
+  CHECK(row.number("step") == 10.0);
+  CHECK(row.number("loss") == 0.25);
+  CHECK(row.number("finite") == 1.0);
+  CHECK_FALSE(row.number("split").has_value());
+  CHECK_FALSE(row.number("accuracy").has_value());
+  row.add("loss", 0.5);  // the last one added, as a JSON reader of to_json() takes it
+  CHECK(row.number("loss") == 0.5);
+
+  const std::string tmp = files::make_temp_directory("train_test_listener_");
+  const std::string log_path = files::join(tmp, "log.txt");
+  // model.num_classes left at its default (10) for the four brightness classes.
+  const Config config = parse_config("model: {name: mlp, in_channels: 1}\n"
+                                     "data: {kind: custom, workers: 0}\n"
+                                     "trainer: {global_batch: 8, max_steps: 30, device: cpu, threads: 1, "
+                                     "eval_every_steps: 0}\n"
+                                     "logging: {every_steps: 5}\n"
+                                     "tuning: {micro_batch: 8}\n",
+                                     "listener.yaml");
+  RunOptions options;
+  options.train_data = std::make_shared<Brightness>();
+  options.val_data = options.train_data;
+  train::log::set_file(log_path);
+  RunParts run = prepare_run(config, options);
+  for (const std::string run_dir : {std::string(), files::join(tmp, "run")}) {
+    Trainer trainer(config, run.plan, run.model, run.train, run.val, run_dir);
+    std::vector<double> steps;
+    trainer.on_metrics([&](const MetricRecord& r) {
+      if (r.find("split") && std::get<std::string>(*r.find("split")) == "train") steps.push_back(*r.number("step"));
+      if (r.number("step") == 10.0) trainer.request_stop();
+    });
+    const FitResult result = trainer.fit();
+    CHECK(result.steps == 10);
+    CHECK(result.stopped);
+    CHECK_FALSE(result.stopped_early);
+    CHECK(steps == std::vector<double>{5, 10});
+    CHECK(result.last_checkpoint == (run_dir.empty() ? "" : checkpoint_path(files::join(run_dir, "checkpoints"), 10)));
+    // No top-5 for four classes, however many outputs the model has.
+    CHECK(result.val.samples == 40);
+    CHECK_FALSE(result.val.has_top5);
+  }
+  // A run that is not stopped says so too.
+  {
+    Trainer trainer(config, run.plan, run.model, run.train, nullptr, "");
+    CHECK_FALSE(trainer.fit().stopped);
+  }
+  train::log::set_file("");
+  const std::string logged = read_text(log_path);
+  CHECK_THAT(logged, Catch::Contains("model.num_classes is 10 (not set), but the data (brightness (40 samples)) has 4 "
+                                     "classes: 6 of the model's outputs match no class; set model.num_classes: 4"));
+  CHECK_THAT(logged, Catch::Contains("stopped after step 10; no run directory, so nothing was saved to resume from"));
+  CHECK_THAT(logged, Catch::Contains("stopped after step 10; resume with --resume auto"));
+  files::remove_all(tmp);
 }

@@ -73,6 +73,22 @@ std::string json_quote(const std::string& text) {
   return out + "\"";
 }
 
+const MetricRecord::Value* MetricRecord::find(const std::string& key) const {
+  for (auto it = fields_.rbegin(); it != fields_.rend(); ++it) {
+    if (it->first == key) return &it->second;
+  }
+  return nullptr;
+}
+
+std::optional<double> MetricRecord::number(const std::string& key) const {
+  const Value* value = find(key);
+  if (value == nullptr) return std::nullopt;
+  if (const auto* b = std::get_if<bool>(value)) return *b ? 1.0 : 0.0;
+  if (const auto* i = std::get_if<int64_t>(value)) return static_cast<double>(*i);
+  if (const auto* d = std::get_if<double>(value)) return *d;
+  return std::nullopt;
+}
+
 std::string MetricRecord::to_json() const {
   std::ostringstream out;
   // A stream takes the global locale: a host program's German one would write 2,5 and 12.345.

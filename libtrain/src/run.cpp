@@ -540,6 +540,15 @@ models::ModelPtr model_for_data_unlocated(const Config& config, const data::Data
     throw ConfigError("key 'model.num_classes': " + std::to_string(config.model.num_classes) + " but the data (" +
                       train.describe() + ") has " + std::to_string(train.num_classes()) + " classes" + listed);
   }
+  if (const int64_t classes = train.num_classes();
+      classes > 0 && classes < config.model.num_classes && config.model.name != "bert-mlm" &&
+      config.origins.count("model.num_classes") == 0) {
+    // The default (10) left for data with fewer classes: outputs that match no class train to
+    // never win, and cost little, but it is seldom meant.
+    log::warn(log::str("model.num_classes is ", config.model.num_classes, " (not set), but the data (", train.describe(),
+                       ") has ", classes, " classes: ", config.model.num_classes - classes,
+                       " of the model's outputs match no class; set model.num_classes: ", classes));
+  }
   // The model masks padding out of attention by the id the data pads with.
   ModelConfig model_config = config.model;
   if (const int64_t data_pad = train.pad_id(); data_pad >= 0) {

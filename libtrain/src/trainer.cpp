@@ -1077,7 +1077,9 @@ EvalResult Trainer::evaluate() {
                     torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kSum))
                     .to(torch::kDouble);
     correct += flat_logits.argmax(-1).eq(flat_target).logical_and(valid).sum();
-    if (flat_logits.size(-1) > kTop) {
+    // Top-5 means something with more than five classes: a model wider than its data (the default
+    // model.num_classes for three classes) would always be right among its five best.
+    if (std::min(flat_logits.size(-1), s.train_set->num_classes()) > kTop) {
       result.has_top5 = true;
       const torch::Tensor top = std::get<1>(flat_logits.topk(kTop, -1));
       correct5 += top.eq(flat_target.unsqueeze(1)).any(1).logical_and(valid).sum();
@@ -1539,6 +1541,9 @@ FitResult Trainer::fit(const std::string& resume) {
         evaluated_at_end = last || early_stop;
       }
     }
+    // A single process stops after this step for a request made since (a metrics listener's, on
+    // this step's row or evaluation).
+    if (!s.group && !last && !stopping && s.stop.load()) stopping = true;
     const int64_t every = s.config.checkpoint.every_steps;
     // A new best evaluation gets this step's checkpoint, which then becomes best.pt.
     const bool checkpoint_due =
@@ -1580,7 +1585,10 @@ FitResult Trainer::fit(const std::string& resume) {
       break;
     }
     if (stopping && !last) {
-      log::warn(log::str("stop requested: stopped after step ", s.step, "; resume with --resume auto, or fit(\"auto\")"));
+      result.stopped = true;
+      log::warn(log::str("stop requested: stopped after step ", s.step,
+                         ckpt_dir.empty() ? "; no run directory, so nothing was saved to resume from"
+                                          : "; resume with --resume auto, or fit(\"auto\")"));
       break;
     }
   }

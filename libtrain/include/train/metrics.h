@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <variant>
@@ -32,6 +33,11 @@ class MetricRecord {
   MetricRecord& add(const std::string& key, const std::string& value);
   MetricRecord& add(const std::string& key, const char* value) { return add(key, std::string(value)); }
   const std::vector<std::pair<std::string, Value>>& fields() const { return fields_; }
+  // The value of `key` (the last one added under it), or null when the record has none.
+  const Value* find(const std::string& key) const;
+  // `key`'s value as a number (a bool as 0 or 1), or none when the record has no such key or its
+  // value is a string: `row.number("loss")`, `row.number("step")`.
+  std::optional<double> number(const std::string& key) const;
   // One JSON object on one line. Non-finite doubles become null. Numbers are written as JSON
   // has them (1234.5) whatever the global C++ locale.
   std::string to_json() const;

@@ -3,6 +3,7 @@
 #include <train/config.h>
 #include <train/data/dataset.h>
 #include <train/dist.h>
+#include <train/metrics.h>  // MetricRecord, which a metrics listener reads (LibTorch-free)
 #include <train/models/model.h>
 #include <train/plan.h>
 
@@ -15,7 +16,6 @@
 
 namespace train {
 
-class MetricRecord;  // train/metrics.h
 
 struct EvalResult {
   double loss = 0;
@@ -56,6 +56,10 @@ struct FitResult {
   // trainer.early_stop_patience ended training before plan.total_steps (in this call, or in the
   // attempt whose checkpoint it resumed; `steps` says where).
   bool stopped_early = false;
+  // A stop request (request_stop(), or a stop signal through StopSignals) ended this call before
+  // plan.total_steps, after the step it came in (the next one, where a metrics listener or another
+  // rank asked after the step's agreement), with a checkpoint there when there is a run directory.
+  bool stopped = false;
   // checkpoint.best: the best evaluation the run directory has seen (this call's or an earlier
   // attempt's), its metric, value and step; best_checkpoint is its file (rank 0; "" without one).
   std::string best_metric;
@@ -103,8 +107,10 @@ class Trainer {
   FitResult fit(const std::string& resume = "");
   EvalResult evaluate();
 
-  // Stops after the current optimizer step (and writes a checkpoint); safe from a signal
-  // handler's flag-polling thread.
+  // Stops after the current optimizer step (and writes a checkpoint there, with a run directory);
+  // FitResult::stopped says so. Safe from a signal handler's flag-polling thread, and from a
+  // metrics listener: asked on a step's row or evaluation, the run stops after that step (in a
+  // data-parallel job, after the next, which is when the ranks agree on it).
   void request_stop();
   void on_out_of_memory(OomListener listener);
   // Another listener for the records (metrics.h); each one added is called, in order.
