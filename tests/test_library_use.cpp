@@ -833,10 +833,19 @@ TEST_CASE("library_use: a metrics listener reads values by name and stops the ru
     CHECK(result.val.samples == 40);
     CHECK_FALSE(result.val.has_top5);
   }
-  // A run that is not stopped says so too.
+  // A run that is not stopped says so too; a second fit() of a finished run trains no more and
+  // still names the newest checkpoint.
   {
-    Trainer trainer(config, run.plan, run.model, run.train, nullptr, "");
-    CHECK_FALSE(trainer.fit().stopped);
+    const std::string run_dir = files::join(tmp, "whole");
+    Trainer trainer(config, run.plan, run.model, run.train, nullptr, run_dir);
+    const FitResult first = trainer.fit();
+    CHECK_FALSE(first.stopped);
+    CHECK(first.steps == 30);
+    const std::string newest = checkpoint_path(files::join(run_dir, "checkpoints"), 30);
+    CHECK(first.last_checkpoint == newest);
+    const FitResult second = trainer.fit();
+    CHECK(second.steps == 30);
+    CHECK(second.last_checkpoint == newest);
   }
   train::log::set_file("");
   const std::string logged = read_text(log_path);

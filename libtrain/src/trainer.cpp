@@ -196,6 +196,9 @@ struct Trainer::Impl {
   models::ModelPtr model;
   data::DatasetPtr train_set, val_set;
   std::string run_dir;
+  // The newest checkpoint an earlier fit() of this trainer wrote: a later call that writes none
+  // (its run already complete) still reports it in FitResult::last_checkpoint.
+  std::string last_written;
   torch::Device device{torch::kCPU};
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   std::unique_ptr<GradScaler> scaler;
@@ -1122,6 +1125,7 @@ FitResult Trainer::fit(const std::string& resume) {
   FitResult result;
   const auto fit_start = Clock::now();
   const std::string ckpt_dir = s.checkpoint_dir();
+  result.last_checkpoint = s.last_written;
 
   // Rank 0 alone writes checkpoints: what a killed write of an earlier run left is garbage.
   if (!ckpt_dir.empty() && s.plan.rank == 0) remove_stale_checkpoint_temporaries(ckpt_dir);
@@ -1562,7 +1566,7 @@ FitResult Trainer::fit(const std::string& resume) {
       loss_window = {sums[0], sums[1]};
     }
     if (!ckpt_dir.empty() && checkpoint_due) {
-      result.last_checkpoint = checkpoint_path(ckpt_dir, s.step);
+      result.last_checkpoint = s.last_written = checkpoint_path(ckpt_dir, s.step);
       if (s.plan.rank == 0) {  // the replicas are identical; rank 0 writes for all
         s.write_checkpoint(result.last_checkpoint, skipped, loss_window);
       }
