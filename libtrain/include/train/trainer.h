@@ -16,7 +16,6 @@
 
 namespace train {
 
-
 struct EvalResult {
   double loss = 0;
   double accuracy = 0;   // top-1, in [0, 1]
