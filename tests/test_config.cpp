@@ -694,6 +694,24 @@ TEST_CASE("validate_config applies the file's checks to a config built or change
   CHECK_THROWS_WITH(train::validate_config(built), Contains("<config built in code>: key 'model.name'"));
 }
 
+TEST_CASE("an error found after parsing names the key's line only while the value is the file's", "[config]") {
+  const Config loaded = parse_config(kRequired, "test.yaml", {"model.options.width=8"});
+  const std::string problem = "key 'data.root': /data/mnist: no such directory";
+  CHECK(train::locate_config_error(loaded, problem) == "test.yaml:2:14: " + problem);
+  CHECK(loaded.where("model.options.width") == "--set model.options.width=8");
+
+  // Changed in code after the parse: the line would show another value, so only the file is named.
+  Config changed = loaded;
+  changed.data.root = "/elsewhere";
+  CHECK(train::locate_config_error(changed, "key 'data.root': /elsewhere: no such directory") ==
+        "test.yaml (as changed in code): key 'data.root': /elsewhere: no such directory");
+  CHECK(changed.where("trainer.epochs") == "test.yaml:3:38");  // untouched keys keep their line
+  changed.model.options = train::ModelOptions(std::map<std::string, std::string>{{"width", "16"}});
+  CHECK(changed.where("model.options.width") == "test.yaml (as changed in code)");
+  changed.data.root = "/data/mnist";  // set back: the line is right again
+  CHECK(changed.where("data.root") == "test.yaml:2:14");
+}
+
 TEST_CASE("config_changes names each key that differs with what the change means on resume", "[config]") {
   const Config before =
       parse_config("model: {name: resnet18}\ndata: {root: here}\ntrainer: {global_batch: 32, epochs: 1}\n", "a.yaml");

@@ -866,6 +866,18 @@ std::string format_value(const Value& value) {
   return std::visit(Formatter{}, value);
 }
 
+// A key's value as to_yaml writes it (a model option's as given), or nothing for a path that names
+// no key (a section) or an option that is not set.
+std::optional<std::string> value_text(const Config& config, const std::string& path) {
+  if (const Key* key = find_key(path)) return format_value(key->get(config));
+  const std::string options_prefix = "model.options.";
+  if (path.compare(0, options_prefix.size(), options_prefix) != 0) return std::nullopt;
+  const auto& options = config.model.options.values();
+  const auto it = options.find(path.substr(options_prefix.size()));
+  if (it == options.end()) return std::nullopt;
+  return it->second;
+}
+
 const char* type_name(Type type) {
   switch (type) {
     case Type::Int: return "int";
@@ -1432,6 +1444,9 @@ Config ConfigBuilder::validated() const {
              std::to_string(tuning.max_micro_batch) + ")");
   Config config = config_;
   config.origins = set_at_;
+  for (const auto& [path, where] : set_at_) {
+    if (auto value = value_text(config, path)) config.origin_values.emplace(path, std::move(*value));
+  }
   return config;
 }
 
@@ -1564,9 +1579,12 @@ std::vector<std::string> ModelOptions::unasked() const {
 }
 
 std::string Config::where(const std::string& key_path) const {
+  const std::string whole = source.empty() ? "<config>" : source;
   const auto it = origins.find(key_path);
-  if (it != origins.end()) return it->second;
-  return source.empty() ? "<config>" : source;
+  if (it == origins.end()) return whole;
+  const auto read = origin_values.find(key_path);
+  if (read != origin_values.end() && value_text(*this, key_path) != read->second) return whole + " (as changed in code)";
+  return it->second;
 }
 
 std::string locate_config_error(const Config& config, const std::string& message) {

@@ -254,8 +254,12 @@ struct Config {
   // Where each key given in the file or by --set got its value: key path -> "FILE:LINE:COLUMN" or
   // "--set key=value". Keys left at their defaults are absent.
   std::map<std::string, std::string> origins;
+  // The value each key in `origins` had when it was read (as to_yaml writes it), so that where()
+  // can tell a value changed in code since from the one at that line.
+  std::map<std::string, std::string> origin_values;
 
-  // Where a key was set, for error messages: its origin, else the source.
+  // Where a key was set, for error messages: its origin, else the source. A key whose value was
+  // changed in code after it was read is "SOURCE (as changed in code)", not the stale line.
   std::string where(const std::string& key_path) const;
 };
 
