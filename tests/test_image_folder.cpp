@@ -27,10 +27,14 @@
 #include "train/data/factory.h"
 #include "train/data/image_folder.h"
 #include "train/data/scan.h"
+#include "train/data/tokens.h"
 #include "train/data/loader.h"
 #include "train/data/transforms.h"
+#include "train/checkpoint.h"
 #include "train/errors.h"
 #include "train/files.h"
+#include "train/fit.h"
+#include "train/models/model.h"
 #include "train/log.h"
 #include "train/run.h"
 #include "train/trainer.h"
@@ -289,6 +293,43 @@ TEST_CASE("ImageFolder lists sorted classes and images", "[data][image_folder]")
   CHECK(val_folder.path(3) == dir / "val/cat/v3.png");
   CHECK_THAT(val_folder.describe(),
              Contains("(val)") && Contains("resize(37), center_crop(32)"));  // round(32 / 0.875)
+}
+
+TEST_CASE("ImageFolder over a list of files gives each the validation split's input", "[data][image_folder]") {
+  TempDir dir;
+  make_image_folder(dir.path);
+  train::DataConfig config = folder_config(dir.path);
+  config.mean = {0.485, 0.456, 0.406};
+  config.std = {0.229, 0.224, 0.225};
+  const auto val = make_dataset(config, Split::Val);
+  const auto& val_folder = dynamic_cast<const ImageFolderDataset&>(*val);
+
+  train::data::ImageFolderOptions options = train::data::image_folder_options(config, Split::Val);
+  CHECK(options.classes.empty());
+  options.classes = val_folder.classes();
+  options.files = {dir / "val/cat/v3.png", dir / "val/ant/v0.jpg"};  // any order, any directory
+  const ImageFolderDataset images(options);
+  REQUIRE(images.size() == 2);
+  CHECK(images.num_classes() == 4);
+  CHECK(images.path(0) == dir / "val/cat/v3.png");
+  CHECK(images.label(1) == train::data::kIgnoreIndex);
+  const train::data::Example first = images.get(0, 7);
+  CHECK(first.target.item<int64_t>() == train::data::kIgnoreIndex);
+  CHECK(torch::equal(first.input, val->get(3, 0).input));  // bit for bit what `train eval` feeds
+  CHECK(torch::equal(images.get(1, 0).input, val->get(0, 0).input));
+
+  // Relative paths are taken within the directory; a missing file is named before any decoding.
+  options.directory = dir / "val";
+  options.files = {"ant/v1.jpg"};
+  CHECK(torch::equal(ImageFolderDataset(options).get(0, 0).input, val->get(1, 0).input));
+  options.files = {"ant/v1.jpg", "ant/nope.jpg"};
+  CHECK_THAT(data_error([&] { ImageFolderDataset{options}; }), Contains(dir / "val/ant/nope.jpg") && Contains("no such file"));
+  options.files = {"ant"};
+  CHECK_THAT(data_error([&] { ImageFolderDataset{options}; }), Contains("not a regular file"));
+
+  // The config's own checks.
+  config.resize_size = 16;
+  CHECK_THROWS_WITH(train::data::image_folder_options(config, Split::Val), Contains("data.resize_size is 16"));
 }
 
 TEST_CASE("ImageFolder training samples are random resized crops fixed by the seed",
@@ -1307,6 +1348,53 @@ TEST_CASE("a run builds its image datasets as the plan resolves data.uint8, and 
   CHECK(float_result.val.loss == byte_result.val.loss);
   CHECK(float_result.val.accuracy == byte_result.val.accuracy);
   CHECK_FALSE(float_result.val.has_top5);  // 4 classes: top-5 would always be 100 %
+}
+
+// README, "Using a trained model": the snippet, on a run trained here.
+TEST_CASE("a trained model predicts on image files as its validation split would feed them", "[data][image_folder][trainer]") {
+  TempDir dir;
+  make_image_folder(dir.path);
+  const std::string run_dir = dir / "run";
+  {
+    const train::Config config = train::parse_config(
+        "model: {name: lenet, in_channels: 3, num_classes: 4}\n"
+        "data: {kind: image_folder, root: " + dir.path + ", image_size: 28, workers: 1, mean: [0.5, 0.4, 0.3], "
+        "std: [0.2, 0.25, 0.3]}\n"
+        "trainer: {global_batch: 4, max_steps: 3, device: cpu, threads: 1}\n"
+        "logging: {tensorboard: false}\n",
+        "predict.yaml");
+    train::RunParts run = train::prepare_run(config);
+    train::FitOptions fit;
+    fit.run_dir = run_dir;
+    REQUIRE(train::fit_in_run_dir(config, run, fit).exit_code == train::kExitOk);
+  }
+
+  // The snippet.
+  const train::Config config = train::load_config(run_dir + "/config.yaml");
+  train::models::ModelPtr model = train::models::make_model(config.model);
+  train::load_model_weights(train::latest_checkpoint(run_dir + "/checkpoints"), *model);
+  model->eval();
+  train::data::ImageFolderOptions options = train::data::image_folder_options(config.data, Split::Val);
+  options.classes = train::data::find_image_classes(config.data.root + "/train");
+  options.files = {dir / "val/cat/v2.jpg", dir / "val/ant/v0.jpg"};
+  const ImageFolderDataset images(options);
+  torch::NoGradGuard no_grad;
+  const torch::Tensor logits = model->forward(images.get_batch({0, 1}, {0, 0}, false)->input);
+  const torch::Tensor label = logits.argmax(1);
+  std::vector<std::string> predicted;
+  for (int64_t i = 0; i < images.size(); ++i) predicted.push_back(options.classes[label[i].item<int64_t>()]);
+
+  // The same as the trained model on the validation split's samples of those files.
+  train::RunParts evaluated = train::prepare_run(config);
+  train::load_model_weights(train::latest_checkpoint(run_dir + "/checkpoints"), *evaluated.model);
+  evaluated.model->eval();
+  const auto& val = dynamic_cast<const ImageFolderDataset&>(*evaluated.val);
+  REQUIRE(val.path(2) == dir / "val/cat/v2.jpg");
+  REQUIRE(val.path(0) == dir / "val/ant/v0.jpg");
+  const torch::Tensor expected = evaluated.model->forward(val.get_batch({2, 0}, {0, 0}, false)->input);
+  CHECK(torch::equal(logits, expected));
+  CHECK(predicted.size() == 2);
+  CHECK(std::find(options.classes.begin(), options.classes.end(), predicted[0]) != options.classes.end());
 }
 
 TEST_CASE("normalize_on_device to bf16 rounds once: every byte value within half a bf16 ulp", "[data][image_folder]") {

@@ -380,40 +380,11 @@ DatasetPtr make_idx(const DataConfig& config, Split split) {
 
 DatasetPtr make_image_folder(const DataConfig& config, Split split) {
   if (config.root.empty()) throw ConfigError("data.root is required when data.kind is image_folder");
-  if (config.random_crop) {
-    throw ConfigError(
-        "data.random_crop (a padded crop) does not apply to image_folder, whose training split "
-        "always takes a random resized crop (data.crop_min_scale)");
-  }
-  if (!(config.crop_min_scale > 0.0 && config.crop_min_scale <= 1.0)) {
-    throw ConfigError("data.crop_min_scale must be in (0, 1], got " +
-                      std::to_string(config.crop_min_scale));
-  }
-  const int64_t image_size =
-      config.image_size > 0 ? config.image_size : kImageFolderDefaultImageSize;
-  if (config.resize_size != 0 && config.resize_size < image_size) {
-    throw ConfigError("data.resize_size is " + std::to_string(config.resize_size) +
-                      ", smaller than the crop data.image_size " + std::to_string(image_size));
-  }
-  const ImageTransforms transforms = transforms_for(config, split, 3);
-
-  ImageFolderOptions options;
+  ImageFolderOptions options = image_folder_options(config, split);
   const std::string train_directory = files::join(config.root, config.train_dir);
-  options.directory =
-      split == Split::Train ? train_directory : files::join(config.root, config.val_dir);
+  options.directory = split == Split::Train ? train_directory : files::join(config.root, config.val_dir);
   // Labels are positions in the training split's class list, whichever split is read.
   if (split == Split::Val) options.classes = find_image_classes(train_directory);
-  options.split = split;
-  options.image_size = image_size;
-  options.resize_size = config.resize_size;
-  options.crop_min_scale = config.crop_min_scale;
-  options.random_flip = transforms.random_flip;
-  // uint8 batches are normalised on the device (normalize_on_device with data.mean / data.std).
-  options.uint8 = config.uint8 == "on";
-  if (!options.uint8) {
-    options.mean = transforms.mean;
-    options.stddev = transforms.stddev;
-  }
   return std::make_shared<ImageFolderDataset>(std::move(options));
 }
 
@@ -535,6 +506,36 @@ void require_paths(const DataConfig& config, Split split) {
 }
 
 }  // namespace
+
+ImageFolderOptions image_folder_options(const DataConfig& config, Split split) {
+  if (config.random_crop) {
+    throw ConfigError(
+        "data.random_crop (a padded crop) does not apply to image_folder, whose training split "
+        "always takes a random resized crop (data.crop_min_scale)");
+  }
+  if (!(config.crop_min_scale > 0.0 && config.crop_min_scale <= 1.0)) {
+    throw ConfigError("data.crop_min_scale must be in (0, 1], got " + std::to_string(config.crop_min_scale));
+  }
+  const int64_t image_size = config.image_size > 0 ? config.image_size : kImageFolderDefaultImageSize;
+  if (config.resize_size != 0 && config.resize_size < image_size) {
+    throw ConfigError("data.resize_size is " + std::to_string(config.resize_size) +
+                      ", smaller than the crop data.image_size " + std::to_string(image_size));
+  }
+  const ImageTransforms transforms = transforms_for(config, split, 3);
+  ImageFolderOptions options;
+  options.split = split;
+  options.image_size = image_size;
+  options.resize_size = config.resize_size;
+  options.crop_min_scale = config.crop_min_scale;
+  options.random_flip = transforms.random_flip;
+  // uint8 batches are normalised on the device (normalize_on_device with data.mean / data.std).
+  options.uint8 = config.uint8 == "on";
+  if (!options.uint8) {
+    options.mean = transforms.mean;
+    options.stddev = transforms.stddev;
+  }
+  return options;
+}
 
 DatasetPtr make_dataset(const DataConfig& config, Split split) {
   if (config.uint8 == "on" && config.kind != "image_folder") {

@@ -1,5 +1,6 @@
 // ImageFolder listing, JPEG / PNG decoding and ImageFolderDataset.
 #include <train/data/image_folder.h>
+#include <train/data/tokens.h>  // kIgnoreIndex
 #include <train/data/transforms.h>
 #include <train/errors.h>
 #include <train/files.h>
@@ -673,6 +674,17 @@ ImageFolderDataset::ImageFolderDataset(ImageFolderOptions options) : options_(st
     shift_[c] = static_cast<float>(mean / stddev);
   }
 
+  if (!options_.files.empty()) {
+    for (const std::string& file : options_.files) {
+      const std::string where = files::join(options_.directory, file);
+      if (!files::is_regular_file(where)) {
+        throw DataError(where + ": " + (files::exists(where) ? "not a regular file" : "no such file") +
+                        ", expected a JPEG or PNG image");
+      }
+      samples_.push_back(Sample{file, kIgnoreIndex});
+    }
+    return;
+  }
   const std::string& directory = options_.directory;
   const std::vector<std::string> found = find_image_classes(directory);
   const bool training_split = options_.classes.empty();  // the split that defines the classes

@@ -102,7 +102,18 @@ struct ImageFolderOptions {
   // normalisation; normalize_on_device() then does that on the device. mean / stddev must be
   // empty.
   bool uint8 = false;
+  // Instead of listing `directory`'s class subdirectories: these image files, in this order, as
+  // unlabelled samples (target -100, "no target"), transformed as `split` says. The inputs a
+  // trained model predicts on (README, "Using a trained model"). A relative path is taken within
+  // `directory` (empty: as given). `classes` then names the model's outputs (num_classes,
+  // class_names) and may be empty.
+  std::vector<std::string> files;
 };
+
+// The options make_dataset gives data.kind image_folder's `split` for `config` (its image and
+// resize sizes, crop scale, flip, normalisation or uint8), with `classes` left empty (make_dataset
+// reads them from the training directory). ConfigError for settings make_dataset refuses.
+ImageFolderOptions image_folder_options(const DataConfig& config, Split split);
 
 // get() returns a float [3, S, S] input in [0, 1] (normalised when mean / std are given), or
 // uint8 [3, S, S] in [0, 255] with options.uint8, and a 0-d int64 class index.
@@ -125,7 +136,7 @@ class ImageFolderDataset : public Dataset {
   // Lists the images (no decoding). DataError naming the directory when it is missing, holds
   // no image, or holds a class directory that is not in options.classes. A training split's class
   // directory without images is still a class (the labels follow the sorted directory names),
-  // with a warning.
+  // with a warning. With options.files: those files, each of which must exist (DataError naming it).
   explicit ImageFolderDataset(ImageFolderOptions options);
 
   int64_t size() const override { return static_cast<int64_t>(samples_.size()); }
@@ -142,7 +153,7 @@ class ImageFolderDataset : public Dataset {
 
   const std::vector<std::string>& classes() const { return options_.classes; }
   std::vector<std::string> class_names() const override { return options_.classes; }
-  // The image file of sample `index` and its class index.
+  // The image file of sample `index` and its class index (-100 for options.files).
   std::string path(int64_t index) const;
   int64_t label(int64_t index) const;
 
