@@ -228,6 +228,11 @@ std::string data_error(const std::function<void()>& action) {
   return "";
 }
 
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
 std::string config_error(const train::DataConfig& config, Split split) {
   try {
     make_dataset(config, split);
@@ -1395,6 +1400,72 @@ TEST_CASE("a trained model predicts on image files as its validation split would
   CHECK(torch::equal(logits, expected));
   CHECK(predicted.size() == 2);
   CHECK(std::find(options.classes.begin(), options.classes.end(), predicted[0]) != options.classes.end());
+}
+
+TEST_CASE("train predict prints each image file's most probable classes", "[image_folder][cli][process]") {
+  TempDir dir;
+  make_image_folder(dir.path);
+  const std::string run_dir = dir / "run";
+  const train::Config config = train::parse_config(
+      "model: {name: lenet, in_channels: 3, num_classes: 4}\n"
+      "data: {kind: image_folder, root: " + dir.path + ", image_size: 28, workers: 1}\n"
+      "trainer: {global_batch: 4, max_steps: 2, device: cpu, threads: 1}\n"
+      "checkpoint: {best: loss}\n"
+      "logging: {tensorboard: false}\n",
+      "predict.yaml");
+  {
+    train::RunParts run = train::prepare_run(config);
+    train::FitOptions fit;
+    fit.run_dir = run_dir;
+    REQUIRE(train::fit_in_run_dir(config, run, fit).exit_code == train::kExitOk);
+  }
+  const std::string train_bin = std::string(TRAIN_BINARY_DIR) + "/bin/train";
+  const auto predict = [&](const std::string& args, std::string& out, std::string& err) {
+    const std::string command = "'" + train_bin + "' predict " + args + " > '" + (dir / "out") + "' 2> '" +
+                                (dir / "err") + "'";
+    const int status = std::system(command.c_str());
+    out = read_text(dir / "out");
+    err = read_text(dir / "err");
+    return status == -1 || !WIFEXITED(status) ? -1 : WEXITSTATUS(status);
+  };
+  std::string out, err;
+  REQUIRE(predict("'" + run_dir + "' '" + (dir / "val/cat/v2.jpg") + "' '" + (dir / "val/cat/v3.png") + "' --top 2",
+                  out, err) == 0);
+  INFO(out << err);
+  std::istringstream lines(out);
+  std::string line;
+  std::vector<std::string> rows;
+  while (std::getline(lines, line)) rows.push_back(line);
+  REQUIRE(rows.size() == 2);
+  CHECK_THAT(rows[0], Contains("{\"file\":\"" + (dir / "val/cat/v2.jpg") + "\",\"checkpoint\":\"" +
+                               (run_dir + "/checkpoints/best.pt") + "\",\"top\":[{\"label\":"));
+  CHECK_THAT(rows[1], Contains(dir / "val/cat/v3.png"));
+
+  // The same top class and probability as the model on the validation split's sample of that file.
+  train::RunParts evaluated = train::prepare_run(config);
+  train::load_model_weights(run_dir + "/checkpoints/best.pt", *evaluated.model);
+  evaluated.model->eval();
+  const auto& val = dynamic_cast<const ImageFolderDataset&>(*evaluated.val);
+  REQUIRE(val.path(2) == dir / "val/cat/v2.jpg");
+  torch::NoGradGuard no_grad;
+  const torch::Tensor p = torch::softmax(evaluated.model->forward(val.get(2, 0).input.unsqueeze(0)).to(torch::kDouble), 1);
+  const int64_t top = p.argmax(1).item<int64_t>();
+  CHECK_THAT(rows[0], Contains("\"top\":[{\"label\":" + std::to_string(top) + ",\"class\":\"" +
+                               val.classes()[static_cast<size_t>(top)] + "\",\"probability\":"));
+  const size_t at = rows[0].find("\"probability\":") + 14;
+  CHECK(std::abs(std::stod(rows[0].substr(at)) - p[0][top].item<double>()) < 1e-6);  // a batch of 2 there, of 1 here
+  CHECK(rows[0].find("},{\"label\":") != std::string::npos);  // --top 2: a second class
+  CHECK(rows[0].find("},{\"label\":", rows[0].find("},{\"label\":") + 1) == std::string::npos);
+
+  // Bad input: the file is named, and the exit code is train fit's for it.
+  CHECK(predict("'" + run_dir + "' '" + (dir / "val/cat/nope.jpg") + "'", out, err) == 1);
+  CHECK_THAT(err, Contains(dir / "val/cat/nope.jpg") && Contains("no such file"));
+  CHECK(out.empty());
+  CHECK(predict("'" + dir.path + "' '" + (dir / "val/cat/v2.jpg") + "'", out, err) == 2);
+  CHECK_THAT(err, Contains(dir.path + ": no config.yaml; give a run directory train fit wrote"));
+  CHECK(predict("'" + run_dir + "' '" + (dir / "val/cat/v2.jpg") + "' --checkpoint '" + (dir / "val/cat/v2.jpg") + "'",
+                out, err) == 2);
+  CHECK_THAT(err, Contains(dir / "val/cat/v2.jpg") && Contains("not a readable checkpoint"));
 }
 
 TEST_CASE("normalize_on_device to bf16 rounds once: every byte value within half a bf16 ulp", "[data][image_folder]") {

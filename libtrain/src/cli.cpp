@@ -17,6 +17,7 @@
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/data/factory.h"
+#include "train/data/image_folder.h"
 #include "train/data/scan.h"
 #include "train/device.h"
 #include "train/fit.h"
@@ -236,6 +237,74 @@ int cmd_eval(const CommonArgs& args, const std::string& checkpoint) {
   });
 }
 
+// train predict RUN_DIR IMAGE...: a trained image classifier's top classes for new image files,
+// one JSON line per file, the images transformed as the run's validation split (README, "Using a
+// trained model"). On the CPU: a few images need no device, and the numbers are the same anywhere.
+int cmd_predict(const std::string& run_dir, const std::vector<std::string>& images, std::string checkpoint,
+                int64_t top) {
+  const std::string config_path = files::join(run_dir, "config.yaml");
+  if (!files::is_directory(run_dir)) throw UsageError(run_dir + ": not a directory; give a run directory train fit wrote");
+  if (!files::is_regular_file(config_path)) {
+    throw UsageError(run_dir + ": no config.yaml; give a run directory train fit wrote");
+  }
+  Config config = load_config(config_path);
+  if (config.data.kind != "image_folder") {
+    throw UsageError(log::str("train predict classifies image files, for a model trained on data.kind image_folder; ",
+                              config_path, " has data.kind ", config.data.kind,
+                              " (train eval evaluates any run's checkpoint on its validation split)"));
+  }
+  const std::string checkpoints = files::join(run_dir, "checkpoints");
+  if (checkpoint.empty()) {
+    const std::string best = best_checkpoint_path(checkpoints);
+    checkpoint = files::is_regular_file(best) ? best : latest_checkpoint(checkpoints);
+    if (checkpoint.empty()) throw UsageError(run_dir + ": no checkpoint in " + checkpoints + "; give one with --checkpoint");
+  }
+  log::set_level(config.logging.level);
+  return with_config_location(config, [&] {
+    models::ModelPtr model = models::make_model(config.model);
+    load_model_weights(checkpoint, *model);
+    model->eval();
+    config.data.uint8 = "off";  // float inputs, normalised as the workers normalise them
+    data::ImageFolderOptions options = data::image_folder_options(config.data, data::Split::Val);
+    const std::string train_directory = files::join(config.data.root, config.data.train_dir);
+    if (files::is_directory(train_directory)) {
+      options.classes = data::find_image_classes(train_directory);
+    } else {
+      log::warn(train_directory + " is not here: the classes are given by number, not by name");
+    }
+    options.files = images;
+    const data::ImageFolderDataset dataset(options);
+    torch::NoGradGuard no_grad;
+    constexpr int64_t kChunk = 32;
+    for (int64_t first = 0; first < dataset.size(); first += kChunk) {
+      std::vector<int64_t> indices;
+      for (int64_t i = first; i < std::min(dataset.size(), first + kChunk); ++i) indices.push_back(i);
+      const auto batch = dataset.get_batch(indices, std::vector<uint64_t>(indices.size(), 0), false);
+      const torch::Tensor logits = model->forward(batch->input);
+      if (logits.dim() != 2) throw Error(log::str("train predict: the model gave outputs of ", logits.dim(),
+                                                  " dimensions, not [images, classes]"));
+      const int64_t k = std::min(top, logits.size(1));
+      const auto [probability, label] = torch::softmax(logits.to(torch::kDouble), 1).topk(k, 1);
+      for (size_t row = 0; row < indices.size(); ++row) {
+        const auto i = static_cast<int64_t>(row);
+        std::string line = "{\"file\":" + json_quote(dataset.path(indices[row])) + ",\"checkpoint\":" +
+                           json_quote(checkpoint) + ",\"top\":[";
+        for (int64_t j = 0; j < k; ++j) {
+          const int64_t c = label[i][j].item<int64_t>();
+          MetricRecord entry;
+          entry.add("label", c);
+          if (c < static_cast<int64_t>(options.classes.size())) entry.add("class", options.classes[static_cast<size_t>(c)]);
+          entry.add("probability", probability[i][j].item<double>());
+          line += (j ? "," : "") + entry.to_json();
+        }
+        std::cout << line << "]}\n";
+      }
+    }
+    std::cout.flush();
+    return kExitOk;
+  });
+}
+
 // train export CHECKPOINT --format safetensors OUT: the model weights under their state-dict
 // names (torchvision's for ResNet), loadable with safetensors.torch.load_file + load_state_dict.
 int cmd_export(const std::string& checkpoint, const std::string& format, const std::string& out) {
@@ -383,6 +452,18 @@ int run_cli(int argc, char** argv) {
   auto* config_cmd = app.add_subcommand("config", "Config schema tools");
   config_cmd->add_flag("--reference", reference, "Print the reference of every config key (Markdown)")->required();
 
+  std::string predict_run_dir, predict_checkpoint;
+  std::vector<std::string> predict_images;
+  int64_t predict_top = 5;
+  auto* predict = app.add_subcommand("predict", "Classify image files with a model a run trained on image_folder data");
+  predict->add_option("run_dir", predict_run_dir, "Run directory written by train fit")->required();
+  predict->add_option("images", predict_images, "JPEG or PNG files")->required();
+  predict->add_option("--checkpoint", predict_checkpoint,
+                      "Checkpoint file (default: the run's best.pt, else its newest checkpoint)");
+  predict->add_option("--top", predict_top, "Classes per image, most probable first")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+      ->capture_default_str();
+
   std::string export_checkpoint, export_format = "safetensors", export_out;
   auto* export_cmd = app.add_subcommand("export", "Write a checkpoint's model weights for other frameworks");
   export_cmd->add_option("checkpoint", export_checkpoint, "Checkpoint file written by train fit")->required();
@@ -392,7 +473,7 @@ int run_cli(int argc, char** argv) {
   // CLI11 answers an unknown command with "A subcommand is required"; name it instead.
   if (argc > 1 && argv[1][0] != '-') {
     std::vector<std::string> commands;
-    for (const CLI::App* sub : {fit, launch, eval, check, plan, doctor, config_cmd, export_cmd}) {
+    for (const CLI::App* sub : {fit, launch, eval, predict, check, plan, doctor, config_cmd, export_cmd}) {
       commands.push_back(sub->get_name());
     }
     const std::string word = argv[1];
@@ -445,6 +526,7 @@ int run_cli(int argc, char** argv) {
       return kExitOk;
     }
     if (export_cmd->parsed()) return cmd_export(export_checkpoint, export_format, export_out);
+    if (predict->parsed()) return cmd_predict(predict_run_dir, predict_images, predict_checkpoint, predict_top);
     if (config_cmd->parsed()) {
       std::cout << config_reference();
       return kExitOk;
