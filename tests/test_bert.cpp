@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <fstream>
 #include <functional>
+#include <iterator>
+#include <sstream>
 #include <map>
 
 #include "train/amp.h"
@@ -11,6 +13,7 @@
 #include "train/data/factory.h"
 #include "train/errors.h"
 #include "train/files.h"
+#include "train/fit.h"
 #include "train/models/bert.h"
 #include "train/safetensors.h"
 #include "train/text/tsv_dataset.h"
@@ -854,4 +857,75 @@ TEST_CASE("BERT random_input gives valid non-pad ids for the probe", "[bert]") {
   CHECK(ids.min().item<int64_t>() >= 1);
   CHECK(ids.max().item<int64_t>() <= 99);
   CHECK(model.forward(ids).sizes() == std::vector<int64_t>{64, 32, 100});
+}
+
+TEST_CASE("train predict classifies texts as the run's TSV data encodes them, padding masked by the data's id",
+          "[bert][tsv][cli][process]") {
+  const std::string dir = train::files::make_temp_directory("tsv_predict");
+  // [PAD] is id 3 here, not 0: a model built without the data's pad id would attend to padding.
+  std::ofstream(dir + "/vocab.txt") << "[UNK]\n[CLS]\n[SEP]\n[PAD]\n[MASK]\nthe\ncat\ndog\nsat\non\nmat\n";
+  const std::string texts = "the cat sat on the mat\tpets\nthe dog\tother\nthe cat\tpets\nthe dog sat\tother\n";
+  std::ofstream(dir + "/train.tsv") << texts;
+  std::ofstream(dir + "/val.tsv") << texts;
+  const train::Config config = train::parse_config(
+      "model: {name: bert-classifier, preset: bert-tiny, vocab_size: 16, max_positions: 16, num_classes: 2}\n"
+      "data: {kind: tsv, root: " + dir + ", vocab_file: vocab.txt, seq_len: 16, workers: 1}\n"
+      "optim: {lr: 0.01}\n"
+      "trainer: {global_batch: 2, max_steps: 4, device: cpu, threads: 1}\n"
+      "logging: {tensorboard: false}\n", "predict.yaml");
+  const std::string run_dir = dir + "/run";
+  {
+    train::RunParts run = train::prepare_run(config);
+    train::FitOptions fit;
+    fit.run_dir = run_dir;
+    REQUIRE(train::fit_in_run_dir(config, run, fit).exit_code == train::kExitOk);
+  }
+  // The val file itself (text<TAB>label lines give their text) and a blank line, which is skipped.
+  std::ofstream(dir + "/more.txt") << "\n";
+  const std::string command = "'" + std::string(TRAIN_BINARY_DIR) + "/bin/train' predict '" + run_dir + "' '" + dir +
+                              "/val.tsv' '" + dir + "/more.txt' --top 2 > '" + dir + "/out' 2> '" + dir + "/err'";
+  const int status = std::system(command.c_str());
+  std::ifstream out_file(dir + "/out"), err_file(dir + "/err");
+  const std::string out((std::istreambuf_iterator<char>(out_file)), std::istreambuf_iterator<char>());
+  const std::string err((std::istreambuf_iterator<char>(err_file)), std::istreambuf_iterator<char>());
+  INFO(out << err);
+  REQUIRE(status != -1);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  std::vector<std::string> rows;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) rows.push_back(line);
+  REQUIRE(rows.size() == 4);
+  CHECK_THAT(rows[1], Catch::Contains("{\"text\":\"the dog\",\"checkpoint\":\"" + run_dir + "/checkpoints/"));
+
+  // The model as the run builds it (pad id from the data), on the validation split: one batch of
+  // the four texts, padded to the longest, as predict batches them.
+  train::RunParts evaluated = train::prepare_run(config);
+  train::load_model_weights(train::latest_checkpoint(run_dir + "/checkpoints"), *evaluated.model);
+  evaluated.model->eval();
+  std::vector<train::data::Example> examples;
+  for (int64_t i = 0; i < 4; ++i) examples.push_back(evaluated.val->get(i, 0));
+  torch::NoGradGuard no_grad;
+  const torch::Tensor p = torch::softmax(
+      evaluated.model->forward(evaluated.val->collate(std::move(examples)).input).to(torch::kDouble), 1);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const int64_t top = p[static_cast<int64_t>(i)].argmax().item<int64_t>();
+    INFO("text " << i);
+    CHECK_THAT(rows[i], Catch::Contains("\"top\":[{\"label\":" + std::to_string(top) + ",\"class\":\"" +
+                                        (top == 0 ? "other" : "pets") + "\",\"probability\":"));
+    const size_t at = rows[i].find("\"probability\":") + 14;
+    CHECK(std::abs(std::stod(rows[i].substr(at)) - p[static_cast<int64_t>(i)][top].item<double>()) < 1e-12);
+  }
+  // In a program: the run's tokenizer and length, given texts; an empty one is a mistake.
+  train::text::TsvDatasetOptions options = train::text::tsv_dataset_options(config.data);
+  CHECK(options.tokenizer->pad_id() == 3);
+  options.texts = {"the cat", "dog dog dog"};
+  const train::text::TsvDataset given(options);
+  CHECK(given.size() == 2);
+  CHECK(given.get(1, 0).target.item<int64_t>() == -100);
+  CHECK(torch::equal(given.get(0, 0).input, evaluated.val->get(2, 0).input));
+  CHECK_THAT(given.describe(), Catch::Contains("tsv: texts given, 2 texts"));
+  options.texts = {"the cat", " \t"};
+  CHECK_THROWS_AS(train::text::TsvDataset(options), std::invalid_argument);
+  train::files::remove_all(dir);
 }

@@ -8,6 +8,9 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
 #include <cstdint>
 #include <iomanip>
 #include <iostream>
@@ -18,6 +21,7 @@
 #include "train/config.h"
 #include "train/data/factory.h"
 #include "train/data/image_folder.h"
+#include "train/text/tsv_dataset.h"
 #include "train/data/scan.h"
 #include "train/device.h"
 #include "train/fit.h"
@@ -237,10 +241,37 @@ int cmd_eval(const CommonArgs& args, const std::string& checkpoint) {
   });
 }
 
-// train predict RUN_DIR IMAGE...: a trained image classifier's top classes for new image files,
-// one JSON line per file, the images transformed as the run's validation split (README, "Using a
-// trained model"). On the CPU: a few images need no device, and the numbers are the same anywhere.
-int cmd_predict(const std::string& run_dir, const std::vector<std::string>& images, std::string checkpoint,
+// The texts `train predict` classifies: each non-blank line of each file ("-": standard input);
+// a line in TSV form (text<TAB>label) gives its text, so a labelled file can be passed as it is.
+std::vector<std::string> read_texts(const std::vector<std::string>& paths) {
+  std::vector<std::string> texts;
+  for (const std::string& path : paths) {
+    std::ifstream file;
+    if (path != "-") {
+      if (const std::string problem = files::input_file_problem(path); !problem.empty()) {
+        throw DataError(path + ": " + problem + ", expected a text file (one text per line)");
+      }
+      file.open(path, std::ios::binary);
+      if (!file) throw DataError(path + ": cannot open (" + std::strerror(errno) + ")");
+    }
+    std::istream& in = path == "-" ? std::cin : file;
+    std::string line;
+    while (std::getline(in, line)) {
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      if (const size_t tab = line.rfind('\t'); tab != std::string::npos) line.resize(tab);
+      if (line.find_first_not_of(" \t") != std::string::npos) texts.push_back(line);
+    }
+    if (in.bad()) throw DataError(path + ": error reading");
+  }
+  if (texts.empty()) throw UsageError("train predict: no text in " + paths.front() + (paths.size() > 1 ? " ..." : ""));
+  return texts;
+}
+
+// train predict RUN_DIR INPUT...: a trained classifier's most probable classes for new inputs, one
+// JSON line each: image files for a run on image_folder data, transformed as its validation split;
+// texts for a run on tsv data, encoded as its TSV files (README, "Using a trained model"). On the
+// CPU: a few inputs need no device, and the numbers are the same anywhere.
+int cmd_predict(const std::string& run_dir, const std::vector<std::string>& inputs, std::string checkpoint,
                 int64_t top) {
   const std::string config_path = files::join(run_dir, "config.yaml");
   if (!files::is_directory(run_dir)) throw UsageError(run_dir + ": not a directory; give a run directory train fit wrote");
@@ -248,9 +279,10 @@ int cmd_predict(const std::string& run_dir, const std::vector<std::string>& imag
     throw UsageError(run_dir + ": no config.yaml; give a run directory train fit wrote");
   }
   Config config = load_config(config_path);
-  if (config.data.kind != "image_folder") {
-    throw UsageError(log::str("train predict classifies image files, for a model trained on data.kind image_folder; ",
-                              config_path, " has data.kind ", config.data.kind,
+  const bool images = config.data.kind == "image_folder";
+  if (!images && config.data.kind != "tsv") {
+    throw UsageError(log::str("train predict classifies image files or texts, for a model trained on data.kind "
+                              "image_folder or tsv; ", config_path, " has data.kind ", config.data.kind,
                               " (train eval evaluates any run's checkpoint on its validation split)"));
   }
   const std::string checkpoints = files::join(run_dir, "checkpoints");
@@ -261,39 +293,63 @@ int cmd_predict(const std::string& run_dir, const std::vector<std::string>& imag
   }
   log::set_level(config.logging.level);
   return with_config_location(config, [&] {
-    models::ModelPtr model = models::make_model(config.model);
+    ModelConfig model_config = config.model;
+    data::DatasetPtr dataset;
+    std::vector<std::string> classes, what;  // the outputs' names; each sample's file or text
+    const std::string train_file = images ? files::join(config.data.root, config.data.train_dir)
+                                          : (config.data.train_tsv[0] == '/' ? config.data.train_tsv
+                                                                            : files::join(config.data.root, config.data.train_tsv));
+    if (images ? files::is_directory(train_file) : files::is_regular_file(train_file)) {
+      classes = images ? data::find_image_classes(train_file) : text::read_tsv_classes(train_file);
+    } else {
+      log::warn(train_file + " is not here: the classes are given by number, not by name");
+    }
+    if (images) {
+      config.data.uint8 = "off";  // float inputs, normalised as the workers normalise them
+      data::ImageFolderOptions options = data::image_folder_options(config.data, data::Split::Val);
+      options.classes = classes;
+      options.files = inputs;
+      auto folder = std::make_shared<data::ImageFolderDataset>(options);
+      for (int64_t i = 0; i < folder->size(); ++i) what.push_back(folder->path(i));
+      dataset = folder;
+    } else {
+      text::TsvDatasetOptions options = text::tsv_dataset_options(config.data);
+      options.classes = classes;
+      options.texts = read_texts(inputs);
+      what = options.texts;
+      // As the run: the model masks out of attention the id the data pads with.
+      if (model_config.pad_id < 0) model_config.pad_id = options.tokenizer->pad_id();
+      dataset = std::make_shared<text::TsvDataset>(options);
+    }
+    models::ModelPtr model = models::make_model(model_config);
     load_model_weights(checkpoint, *model);
     model->eval();
-    config.data.uint8 = "off";  // float inputs, normalised as the workers normalise them
-    data::ImageFolderOptions options = data::image_folder_options(config.data, data::Split::Val);
-    const std::string train_directory = files::join(config.data.root, config.data.train_dir);
-    if (files::is_directory(train_directory)) {
-      options.classes = data::find_image_classes(train_directory);
-    } else {
-      log::warn(train_directory + " is not here: the classes are given by number, not by name");
-    }
-    options.files = images;
-    const data::ImageFolderDataset dataset(options);
     torch::NoGradGuard no_grad;
     constexpr int64_t kChunk = 32;
-    for (int64_t first = 0; first < dataset.size(); first += kChunk) {
+    for (int64_t first = 0; first < dataset->size(); first += kChunk) {
       std::vector<int64_t> indices;
-      for (int64_t i = first; i < std::min(dataset.size(), first + kChunk); ++i) indices.push_back(i);
-      const auto batch = dataset.get_batch(indices, std::vector<uint64_t>(indices.size(), 0), false);
+      for (int64_t i = first; i < std::min(dataset->size(), first + kChunk); ++i) indices.push_back(i);
+      std::optional<data::Batch> batch = dataset->get_batch(indices, std::vector<uint64_t>(indices.size(), 0), false);
+      if (!batch) {
+        std::vector<data::Example> examples;
+        for (const int64_t i : indices) examples.push_back(dataset->get(i, 0));
+        batch = dataset->collate(std::move(examples));
+      }
       const torch::Tensor logits = model->forward(batch->input);
       if (logits.dim() != 2) throw Error(log::str("train predict: the model gave outputs of ", logits.dim(),
-                                                  " dimensions, not [images, classes]"));
+                                                  " dimensions, not [inputs, classes]"));
       const int64_t k = std::min(top, logits.size(1));
       const auto [probability, label] = torch::softmax(logits.to(torch::kDouble), 1).topk(k, 1);
       for (size_t row = 0; row < indices.size(); ++row) {
         const auto i = static_cast<int64_t>(row);
-        std::string line = "{\"file\":" + json_quote(dataset.path(indices[row])) + ",\"checkpoint\":" +
+        std::string line = "{\"" + std::string(images ? "file" : "text") + "\":" +
+                           json_quote(what[static_cast<size_t>(indices[row])]) + ",\"checkpoint\":" +
                            json_quote(checkpoint) + ",\"top\":[";
         for (int64_t j = 0; j < k; ++j) {
           const int64_t c = label[i][j].item<int64_t>();
           MetricRecord entry;
           entry.add("label", c);
-          if (c < static_cast<int64_t>(options.classes.size())) entry.add("class", options.classes[static_cast<size_t>(c)]);
+          if (c < static_cast<int64_t>(classes.size())) entry.add("class", classes[static_cast<size_t>(c)]);
           entry.add("probability", probability[i][j].item<double>());
           line += (j ? "," : "") + entry.to_json();
         }
@@ -453,11 +509,14 @@ int run_cli(int argc, char** argv) {
   config_cmd->add_flag("--reference", reference, "Print the reference of every config key (Markdown)")->required();
 
   std::string predict_run_dir, predict_checkpoint;
-  std::vector<std::string> predict_images;
+  std::vector<std::string> predict_inputs;
   int64_t predict_top = 5;
-  auto* predict = app.add_subcommand("predict", "Classify image files with a model a run trained on image_folder data");
+  auto* predict = app.add_subcommand("predict", "Classify image files or texts with a model a run trained");
   predict->add_option("run_dir", predict_run_dir, "Run directory written by train fit")->required();
-  predict->add_option("images", predict_images, "JPEG or PNG files")->required();
+  predict->add_option("inputs", predict_inputs,
+                      "JPEG or PNG files (a run on image_folder data), or text files with one text per line, "
+                      "- for standard input (a run on tsv data)")
+      ->required();
   predict->add_option("--checkpoint", predict_checkpoint,
                       "Checkpoint file (default: the run's best.pt, else its newest checkpoint)");
   predict->add_option("--top", predict_top, "Classes per image, most probable first")
@@ -526,7 +585,7 @@ int run_cli(int argc, char** argv) {
       return kExitOk;
     }
     if (export_cmd->parsed()) return cmd_export(export_checkpoint, export_format, export_out);
-    if (predict->parsed()) return cmd_predict(predict_run_dir, predict_images, predict_checkpoint, predict_top);
+    if (predict->parsed()) return cmd_predict(predict_run_dir, predict_inputs, predict_checkpoint, predict_top);
     if (config_cmd->parsed()) {
       std::cout << config_reference();
       return kExitOk;

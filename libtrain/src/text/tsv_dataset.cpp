@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include "train/config.h"
+#include "train/data/tokens.h"  // kIgnoreIndex
 #include "train/errors.h"
 #include "train/files.h"
 
@@ -22,6 +23,15 @@ TsvDataset::TsvDataset(TsvDatasetOptions options) : options_(std::move(options))
   if (options_.max_length < 3) {
     throw std::invalid_argument("TsvDataset: max_length must be >= 3 ([CLS], a token, [SEP]), got " +
                                 std::to_string(options_.max_length));
+  }
+  if (!options_.texts.empty()) {
+    for (size_t i = 0; i < options_.texts.size(); ++i) {
+      if (options_.texts[i].find_first_not_of(" \t\r\n") == std::string::npos) {
+        throw std::invalid_argument("TsvDataset: text " + std::to_string(i) + " is empty");
+      }
+      encode(options_.texts[i], data::kIgnoreIndex);
+    }
+    return;
   }
   const std::string& path = options_.path;
   if (const std::string problem = files::input_file_problem(path); !problem.empty()) {
@@ -63,24 +73,28 @@ TsvDataset::TsvDataset(TsvDatasetOptions options) : options_(std::move(options))
     options_.classes.assign(distinct.begin(), distinct.end());
   }
   const auto& classes = options_.classes;
-  offsets_.push_back(0);
   for (size_t i = 0; i < texts.size(); ++i) {
     const auto it = std::find(classes.begin(), classes.end(), label_names[i]);
     if (it == classes.end()) {
       throw DataError(path + ":" + std::to_string(line_numbers[i]) + ": label '" + label_names[i] +
                       "' is not one of the training classes");
     }
-    labels_.push_back(it - classes.begin());
-    std::vector<int32_t> pieces = options_.tokenizer->tokenize_ids(texts[i]);
-    if (static_cast<int64_t>(pieces.size()) > options_.max_length - 2) {
-      pieces.resize(static_cast<size_t>(options_.max_length - 2));
-      ++truncated_;
-    }
-    ids_.push_back(options_.tokenizer->cls_id());
-    ids_.insert(ids_.end(), pieces.begin(), pieces.end());
-    ids_.push_back(options_.tokenizer->sep_id());
-    offsets_.push_back(static_cast<int64_t>(ids_.size()));
+    encode(texts[i], it - classes.begin());
   }
+}
+
+void TsvDataset::encode(const std::string& text, int64_t label) {
+  if (offsets_.empty()) offsets_.push_back(0);
+  labels_.push_back(label);
+  std::vector<int32_t> pieces = options_.tokenizer->tokenize_ids(text);
+  if (static_cast<int64_t>(pieces.size()) > options_.max_length - 2) {
+    pieces.resize(static_cast<size_t>(options_.max_length - 2));
+    ++truncated_;
+  }
+  ids_.push_back(options_.tokenizer->cls_id());
+  ids_.insert(ids_.end(), pieces.begin(), pieces.end());
+  ids_.push_back(options_.tokenizer->sep_id());
+  offsets_.push_back(static_cast<int64_t>(ids_.size()));
 }
 
 data::Example TsvDataset::get(int64_t index, uint64_t /*seed*/) const {
@@ -109,7 +123,7 @@ double TsvDataset::truncated_fraction() const {
 
 std::string TsvDataset::describe() const {
   std::ostringstream out;
-  out << "tsv: " << options_.path << ", " << size() << " texts, " << num_classes() << " classes, max_length "
+  out << "tsv: " << (options_.texts.empty() ? options_.path : "texts given") << ", " << size() << " texts, " << num_classes() << " classes, max_length "
       << options_.max_length << " (" << static_cast<int>(100.0 * truncated_fraction() + 0.5) << "% truncated), vocab "
       << options_.tokenizer->vocab().size();
   return out.str();
@@ -131,17 +145,21 @@ std::vector<std::string> read_tsv_classes(const std::string& path) {
   return {classes.begin(), classes.end()};
 }
 
-data::DatasetPtr make_tsv_dataset(const DataConfig& config, bool train_split) {
+TsvDatasetOptions tsv_dataset_options(const DataConfig& config) {
   if (config.root.empty()) throw ConfigError("key 'data.root': required when data.kind is tsv (the directory with the TSV files)");
   if (config.vocab_file.empty()) throw ConfigError("key 'data.vocab_file': required when data.kind is tsv (a BERT vocab.txt)");
   const std::string vocab = config.vocab_file[0] == '/' ? config.vocab_file : files::join(config.root, config.vocab_file);
   WordPieceOptions wp;
   wp.basic.lowercase = config.lowercase;
-  auto tokenizer = std::make_shared<const WordPieceTokenizer>(WordPieceTokenizer::from_file(vocab, wp));
-  auto resolve = [&](const std::string& name) { return name[0] == '/' ? name : files::join(config.root, name); };
   TsvDatasetOptions options;
-  options.tokenizer = tokenizer;
+  options.tokenizer = std::make_shared<const WordPieceTokenizer>(WordPieceTokenizer::from_file(vocab, wp));
   options.max_length = config.seq_len;
+  return options;
+}
+
+data::DatasetPtr make_tsv_dataset(const DataConfig& config, bool train_split) {
+  TsvDatasetOptions options = tsv_dataset_options(config);
+  auto resolve = [&](const std::string& name) { return name[0] == '/' ? name : files::join(config.root, name); };
   options.path = resolve(config.train_tsv);
   if (train_split) return std::make_shared<TsvDataset>(options);
   // Validation labels index the training classes, so read the training file's label set.

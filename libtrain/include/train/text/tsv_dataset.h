@@ -24,13 +24,16 @@ struct TsvDatasetOptions {
   // Label names in class-index order. Empty: the sorted distinct labels of this file. Give the
   // training file's classes when reading a validation file; an unknown label is then an error.
   std::vector<std::string> classes;
+  // Instead of reading `path`: these texts, in this order, as unlabelled samples (target -100,
+  // "no target"), encoded as the file's would be: the inputs a trained classifier predicts on.
+  std::vector<std::string> texts;
 };
 
 class TsvDataset : public data::Dataset {
  public:
   // Throws DataError naming the file (and line) when it cannot be read, a line has no tab or more
   // than one, an empty text or label, a label with white space around it, or a label outside
-  // `classes`; std::invalid_argument for bad options.
+  // `classes`; std::invalid_argument for bad options (with `texts`: an empty one).
   explicit TsvDataset(TsvDatasetOptions options);
 
   int64_t size() const override { return static_cast<int64_t>(labels_.size()); }
@@ -50,6 +53,8 @@ class TsvDataset : public data::Dataset {
   double truncated_fraction() const;
 
  private:
+  void encode(const std::string& text, int64_t label);  // appends one sample
+
   TsvDatasetOptions options_;
   std::vector<int32_t> ids_;         // all sequences back to back
   std::vector<int64_t> offsets_;     // sequence i is ids_[offsets_[i], offsets_[i + 1])
@@ -59,6 +64,11 @@ class TsvDataset : public data::Dataset {
 
 // The sorted distinct labels of a TSV file (what TsvDataset uses when given no classes).
 std::vector<std::string> read_tsv_classes(const std::string& path);
+
+// The options make_tsv_dataset gives data.kind tsv for `config`: its WordPiece tokenizer
+// (data.vocab_file, data.lowercase) and max_length (data.seq_len), without a path or classes.
+// ConfigError for a missing key, DataError for an unreadable vocabulary.
+TsvDatasetOptions tsv_dataset_options(const DataConfig& config);
 
 // data.kind: tsv. Reads root/train_tsv or root/val_tsv with the vocab in data.vocab_file
 // (uncased unless data.lowercase is false) and data.seq_len; validation labels are indexed by
