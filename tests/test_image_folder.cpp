@@ -1355,24 +1355,29 @@ TEST_CASE("a run builds its image datasets as the plan resolves data.uint8, and 
   CHECK_FALSE(float_result.val.has_top5);  // 4 classes: top-5 would always be 100 %
 }
 
+// make_image_folder in `root`, and a LeNet trained on it for 3 steps into `run_dir`; `data` is
+// added to the data section, `more` to the config. Returns the config.
+static train::Config trained_lenet(const std::string& root, const std::string& data, const std::string& more,
+                            const std::string& run_dir) {
+  make_image_folder(root);
+  const train::Config config = train::parse_config(
+      "model: {name: lenet, in_channels: 3, num_classes: 4}\n"
+      "data: {kind: image_folder, root: " + root + ", image_size: 28, workers: 1" + data + "}\n"
+      "trainer: {global_batch: 4, max_steps: 3, device: cpu, threads: 1}\n"
+      "logging: {tensorboard: false}\n" + more,
+      "predict.yaml");
+  train::RunParts run = train::prepare_run(config);
+  train::FitOptions fit;
+  fit.run_dir = run_dir;
+  REQUIRE(train::fit_in_run_dir(config, run, fit).exit_code == train::kExitOk);
+  return config;
+}
+
 // README, "Using a trained model": the snippet, on a run trained here.
 TEST_CASE("a trained model predicts on image files as its validation split would feed them", "[data][image_folder][trainer]") {
   TempDir dir;
-  make_image_folder(dir.path);
   const std::string run_dir = dir / "run";
-  {
-    const train::Config config = train::parse_config(
-        "model: {name: lenet, in_channels: 3, num_classes: 4}\n"
-        "data: {kind: image_folder, root: " + dir.path + ", image_size: 28, workers: 1, mean: [0.5, 0.4, 0.3], "
-        "std: [0.2, 0.25, 0.3]}\n"
-        "trainer: {global_batch: 4, max_steps: 3, device: cpu, threads: 1}\n"
-        "logging: {tensorboard: false}\n",
-        "predict.yaml");
-    train::RunParts run = train::prepare_run(config);
-    train::FitOptions fit;
-    fit.run_dir = run_dir;
-    REQUIRE(train::fit_in_run_dir(config, run, fit).exit_code == train::kExitOk);
-  }
+  trained_lenet(dir.path, ", mean: [0.5, 0.4, 0.3], std: [0.2, 0.25, 0.3]", "", run_dir);
 
   // The snippet.
   const train::Config config = train::load_config(run_dir + "/config.yaml");
@@ -1404,21 +1409,8 @@ TEST_CASE("a trained model predicts on image files as its validation split would
 
 TEST_CASE("train predict prints each image file's most probable classes", "[image_folder][cli][process]") {
   TempDir dir;
-  make_image_folder(dir.path);
   const std::string run_dir = dir / "run";
-  const train::Config config = train::parse_config(
-      "model: {name: lenet, in_channels: 3, num_classes: 4}\n"
-      "data: {kind: image_folder, root: " + dir.path + ", image_size: 28, workers: 1}\n"
-      "trainer: {global_batch: 4, max_steps: 2, device: cpu, threads: 1}\n"
-      "checkpoint: {best: loss}\n"
-      "logging: {tensorboard: false}\n",
-      "predict.yaml");
-  {
-    train::RunParts run = train::prepare_run(config);
-    train::FitOptions fit;
-    fit.run_dir = run_dir;
-    REQUIRE(train::fit_in_run_dir(config, run, fit).exit_code == train::kExitOk);
-  }
+  const train::Config config = trained_lenet(dir.path, "", "checkpoint: {best: loss}\n", run_dir);
   const std::string train_bin = std::string(TRAIN_BINARY_DIR) + "/bin/train";
   const auto predict = [&](const std::string& args, std::string& out, std::string& err) {
     const std::string command = "'" + train_bin + "' predict " + args + " > '" + (dir / "out") + "' 2> '" +
