@@ -1358,7 +1358,7 @@ TEST_CASE("a run builds its image datasets as the plan resolves data.uint8, and 
 // make_image_folder in `root`, and a LeNet trained on it for 3 steps into `run_dir`; `data` is
 // added to the data section, `more` to the config. Returns the config.
 static train::Config trained_lenet(const std::string& root, const std::string& data, const std::string& more,
-                            const std::string& run_dir) {
+                                   const std::string& run_dir) {
   make_image_folder(root);
   const train::Config config = train::parse_config(
       "model: {name: lenet, in_channels: 3, num_classes: 4}\n"
