@@ -1045,6 +1045,14 @@ TEST_CASE("bad_input: garbage truncated or mismatched checkpoints exit 2", "[bad
        [&](const CaseDir& d) {
          return fit_resume(d, good, {"fc3.weight", "shape"}, replace(s.idx_config(), "num_classes: 10", "num_classes: 12"));
        }},
+      {"a fresh run where an earlier run left best.pt and best.json but no step checkpoint", kExitConfig,
+       [&](const CaseDir& d) {
+         d.write("cfg.yaml", s.idx_config());
+         d.write("run/checkpoints/best.pt", good);
+         d.write("run/checkpoints/best.json", "{\"metric\": \"loss\", \"value\": 0.5, \"step\": 7}");
+         return Invocation{{"fit", "cfg.yaml", "--run-dir", "run", "--resume", "auto"},
+                           {"holds best.pt and best.json from an earlier run", "no step checkpoint to continue from"}};
+       }},
       {"--resume: no such file", kExitConfig,
        [&](const CaseDir& d) {
          d.write("cfg.yaml", s.idx_config());
@@ -1181,6 +1189,19 @@ TEST_CASE("bad_input: a finished run's directory is left unchanged", "[bad_input
              finished_run(d, {"--set", "trainer.max_steps=2", "--set", "checkpoint.every_steps=1"});
          d.write("run/checkpoints/abandoned/step_00000002.pt", "an earlier attempt's future");
          d.write("run/checkpoints/abandoned/step_00000002.pt.crc32c", "its checksum");
+         d.write("folder/train/bee/1.jpg", cut(jpeg(32, 1), 250));
+         return Invocation{{"fit", "cfg.yaml", "--run-dir", "run", "--resume", "run/checkpoints/step_00000001.pt",
+                            "--set", "trainer.max_steps=3"},
+                           {root + "/train/bee/1.jpg", "JPEG", "left run as it was before this run"}};
+       }},
+      {"--resume from an older checkpoint, then a truncated JPEG: the later best.pt and best.json it set aside are "
+       "put back", kExitData,
+       [&](const CaseDir& d) {
+         const std::string root =
+             finished_run(d, {"--set", "trainer.max_steps=2", "--set", "checkpoint.every_steps=1"});
+         d.write("run/checkpoints/best.pt", "the best of step 2");
+         d.write("run/checkpoints/best.pt.crc32c", "its checksum");
+         d.write("run/checkpoints/best.json", "{\"metric\": \"loss\", \"value\": 0.5, \"step\": 2}");
          d.write("folder/train/bee/1.jpg", cut(jpeg(32, 1), 250));
          return Invocation{{"fit", "cfg.yaml", "--run-dir", "run", "--resume", "run/checkpoints/step_00000001.pt",
                             "--set", "trainer.max_steps=3"},

@@ -1111,6 +1111,59 @@ TEST_CASE("checkpoint.best: a best.json whose best.pt is gone does not stop the 
   files::remove_all(dir);
 }
 
+TEST_CASE("checkpoint.best: a best from after the step a run starts from is not its own, nor an earlier run's",
+          "[trainer][checkpoint][resume]") {
+  Config c = best_by_loss(1, 12);  // every step's checkpoint kept
+  c.logging.tensorboard = false;
+  const std::string dir = temp_dir("best_future");
+  const std::string checkpoints = files::join(dir, "checkpoints");
+  FitResult whole;
+  {
+    RunParts run = prepare_run(c);
+    Trainer t(c, run.plan, run.model, run.train, run.val, dir);
+    whole = t.fit();
+  }
+  REQUIRE(whole.best_step > 1);
+  // Back to the step before the best: that best is a future the resumed run may not reach. It is
+  // set aside with the later checkpoints, not taken as this run's best.
+  const int64_t from = whole.best_step - 1;
+  FitResult resumed;
+  const std::string log = logged_while([&] {
+    RunParts run = prepare_run(c);
+    Trainer t(c, run.plan, run.model, run.train, run.val, dir);
+    resumed = t.fit(checkpoint_path(checkpoints, from));
+  });
+  CHECK_THAT(log, Catch::Contains("set aside: " + files::join(checkpoints, "abandoned/best.pt")) &&
+                      Catch::Contains("set aside: " + files::join(checkpoints, "abandoned/best.json")));
+  CHECK(files::is_regular_file(files::join(checkpoints, "abandoned/best.pt.crc32c")));
+  CHECK(read_best_checkpoint(files::join(checkpoints, "abandoned"))->step == whole.best_step);
+  CHECK(resumed.best_step == from + 1);  // the resumed run's own first evaluation
+  CHECK(read_best_checkpoint(checkpoints)->step == from + 1);
+  // A Trainer started fresh where an earlier run's best is (without fit_in_run_dir's check):
+  // that best is not its own either.
+  const std::string fresh = logged_while([&] {
+    RunParts run = prepare_run(c);
+    Trainer t(c, run.plan, run.model, run.train, run.val, files::join(dir, "other"));
+    files::make_directories(files::join(dir, "other/checkpoints"));
+    keep_best_checkpoint(files::join(dir, "other/checkpoints"), checkpoint_path(checkpoints, from),
+                         BestCheckpoint{"loss", -1.0, 3});
+    t.fit();
+  });
+  CHECK_THAT(fresh, Catch::Contains("later than step 0 this run starts from: the next evaluation replaces it"));
+
+  // The step checkpoints moved away, best.pt and best.json left: a new run there is refused.
+  for (const std::string& file : list_checkpoints(checkpoints)) files::remove_file(file);
+  for (const std::string& resume : {"", "auto"}) {
+    FitOptions fit;
+    fit.run_dir = dir;
+    fit.resume = resume;
+    CHECK_THROWS_WITH(check_fit_options(c, fit),
+                      Catch::Contains("holds best.pt and best.json from an earlier run") &&
+                          Catch::Contains("but no step checkpoint to continue from"));
+  }
+  files::remove_all(dir);
+}
+
 TEST_CASE("trainer.early_stop_patience: training stops, with a checkpoint, after that many evaluations without a "
           "better val loss", "[trainer][checkpoint][resume]") {
   // The full run's evaluations (one per step, the loss going up and down), and where a patience

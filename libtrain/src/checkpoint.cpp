@@ -718,6 +718,10 @@ std::string latest_checkpoint(const std::string& dir) {
   return "";
 }
 
+namespace {
+std::string best_record_path(const std::string& dir) { return files::join(dir, "best.json"); }
+}  // namespace
+
 std::vector<std::string> set_aside_checkpoints_after(const std::string& dir, int64_t step) {
   std::vector<std::string> moved;
   const std::string aside = files::join(dir, "abandoned");
@@ -737,6 +741,30 @@ std::vector<std::string> set_aside_checkpoints_after(const std::string& dir, int
       }
     }
     moved.push_back(kept);
+  }
+  // best.pt from that future goes with it (best.json beside it, both under one number), rather
+  // than being replaced by the resumed run's first evaluation.
+  const std::optional<BestCheckpoint> best = read_best_checkpoint(dir);
+  if (best && best->step > step) {
+    files::make_directories(aside);
+    const std::string best_pt = best_checkpoint_path(dir), best_json = best_record_path(dir);
+    const auto kept_as = [&](const std::string& path, int n) {
+      return files::join(aside, detail::kept_checkpoint_name(files::filename(path), n));
+    };
+    int n = 0;
+    while (files::exists(kept_as(best_pt, n)) || files::exists(sum_path(kept_as(best_pt, n))) ||
+           files::exists(kept_as(best_json, n))) {
+      ++n;
+    }
+    // best.json last: a kill in between leaves a record without its file, which the next run
+    // replaces (a best.pt without a record is replaced by the next evaluation too).
+    for (const std::string& from : {best_pt, sum_path(best_pt), best_json}) {
+      const std::string to = kept_as(from, n);
+      if (files::exists(from) && std::rename(from.c_str(), to.c_str()) != 0) {
+        throw Error("cannot move " + from + " to " + to + ": " + std::strerror(errno));
+      }
+      if (from != sum_path(best_pt) && files::exists(to)) moved.push_back(to);
+    }
   }
   return moved;
 }
@@ -781,8 +809,6 @@ std::vector<std::string> remove_stale_checkpoint_temporaries(const std::string& 
 std::string best_checkpoint_path(const std::string& dir) { return files::join(dir, "best.pt"); }
 
 namespace {
-std::string best_record_path(const std::string& dir) { return files::join(dir, "best.json"); }
-
 // `to` becomes the file `from` is, atomically: a hard link under a temporary name renamed over
 // `to`; where links fail (another file system, one without them), a copy written the same way.
 void replace_with(const std::string& from, const std::string& to) {

@@ -356,8 +356,22 @@ void check_fit_options(const Config& config, const FitOptions& options) {
   if (options.resume == "auto" && !existing.empty() && latest_checkpoint(ckpt_dir).empty()) {
     throw CheckpointError(log::str("--resume auto: none of the ", existing.size(), " checkpoint(s) in ", ckpt_dir,
                                    " can be read (each is named in a warning above), so the run cannot continue; "
-                                   "nothing was changed. Move them out of the way to start this run over, or start a "
-                                   "new run in another directory"));
+                                   "nothing was changed. Move them (and best.pt, best.json) out of the way to start "
+                                   "this run over, or start a new run in another directory"));
+  }
+  // An earlier run's best.pt without the step checkpoints it came from: a new run would rank its
+  // evaluations against that run's best (and stop early by it) and then replace its weights.
+  if (existing.empty()) {
+    std::string left;
+    for (const char* name : {"best.pt", "best.json"}) {
+      if (files::exists(files::join(ckpt_dir, name))) left += (left.empty() ? "" : " and ") + std::string(name);
+    }
+    if (!left.empty()) {
+      throw UsageError("run directory " + options.run_dir + " holds " + left + " from an earlier run in " + ckpt_dir +
+                       " but no step checkpoint to continue from; a new run there would measure itself against that "
+                       "run's best and replace it. Move " + (left.find(" and ") == std::string::npos ? "it" : "them") +
+                       " out of the way, or start the run in another directory");
+    }
   }
   if (!options.resume.empty() && options.resume != "auto" && !files::exists(options.resume)) {
     throw CheckpointError(options.resume + ": checkpoint file does not exist (--resume, FitOptions::resume)");

@@ -1173,6 +1173,13 @@ FitResult Trainer::fit(const std::string& resume) {
                          ": the next evaluation replaces it"));
       found.reset();
     }
+    if (found && found->step > s.step) {
+      // Kept by the attempt this run went back from (--resume of an older checkpoint): a future
+      // that is not this run's.
+      log::warn(log::str(best_checkpoint_path(ckpt_dir), " holds val ", describe_best(*found), ", later than step ",
+                         s.step, " this run starts from: the next evaluation replaces it"));
+      found.reset();
+    }
     if (found && !files::exists(best_checkpoint_path(ckpt_dir))) {
       // Deleted by hand, or lost with a disk: a record without its file would keep every later
       // evaluation that is not better from writing one.

@@ -93,7 +93,8 @@ std::vector<std::string> list_checkpoints(const std::string& dir);
 // Deletes periodic checkpoints beyond the newest `keep` (never `protect`).
 void prune_checkpoints(const std::string& dir, int64_t keep, const std::string& protect);
 // Moves the checkpoints of dir newer than `step` (with their checksums) into dir/abandoned/ and
-// returns their new paths. One whose name an earlier resume's set-aside checkpoint already has
+// returns their new paths; best.pt and best.json too when best.json names a step after `step`.
+// One whose name an earlier resume's set-aside checkpoint already has
 // there takes a numbered name ("step_00000040.1.pt", then .2, ...): none is overwritten. A run resumed from an older checkpoint leaves the newer ones' future
 // behind: kept in place, --resume auto and rollbacks would jump back to them, and pruning would
 // delete the resumed run's own files first.
