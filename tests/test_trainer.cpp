@@ -736,8 +736,29 @@ TEST_CASE("fit: the first row after a resume averages the loss over the steps si
   REQUIRE(losses_b.size() == 2);
   CHECK(losses_b.at(4) == losses_a.at(4));  // the loss of step 3 came with the checkpoint
   CHECK(losses_b.at(6) == losses_a.at(6));
+
+  // Stopped (a stop signal) after step 1, off the logging grid: the stop logs a row of its own,
+  // and the resumed run's row at step 2 still averages steps 1 and 2.
+  const std::string dir_c = temp_dir("window_c");
+  {
+    RunParts run = prepare_run(c);
+    Trainer stopped(c, run.plan, run.model, run.train, nullptr, dir_c);
+    stopped.request_stop();
+    REQUIRE(stopped.fit().steps == 1);
+  }
+  {
+    RunParts run = prepare_run(c);
+    Trainer resumed(c, run.plan, run.model, run.train, nullptr, dir_c);
+    REQUIRE(resumed.fit("auto").steps == 6);
+  }
+  const auto losses_c = train_losses(dir_c);
+  REQUIRE(losses_c.size() == 4);
+  CHECK(losses_c.count(1) == 1);  // the stop's own row
+  CHECK(losses_c.at(2) == losses_a.at(2));
+  CHECK(losses_c.at(4) == losses_a.at(4));
   files::remove_all(dir_a);
   files::remove_all(dir_b);
+  files::remove_all(dir_c);
 }
 
 namespace {

@@ -1496,7 +1496,10 @@ FitResult Trainer::fit(const std::string& resume) {
     // the step in which they agreed to.
     if (!s.group) stopping = stopping || s.stop.load();
 
-    // A stop logs the steps since the last window too: the resumed run starts after them.
+    // A stop logs the steps since the last window too: the resumed run starts after them. Off the
+    // logging grid, that row's loss sums also go into the checkpoint, so that the resumed run's
+    // next row averages the same steps as the uninterrupted run's row there.
+    std::optional<std::pair<double, double>> stop_row_window;
     if (s.step % log_every == 0 || last || stopping) {
       const double elapsed = seconds_since(window_start);
       const double waited = s.loader_wait() - window_wait_start;
@@ -1528,6 +1531,7 @@ FitResult Trainer::fit(const std::string& resume) {
       if (s.plan.loss_scaling) r.add("loss_scale", s.scaler->get_scale());
       s.record(r);
       s.adapt_workers(elapsed, waited, window_steps);
+      if (stopping && !last && s.step % log_every != 0) stop_row_window.emplace(window_loss, window_loss_weight);
       new_window();
       step_time.reset();
     }
@@ -1568,7 +1572,9 @@ FitResult Trainer::fit(const std::string& resume) {
     // The loss of the steps since the last row, over every rank (window_steps is the same on all
     // of them), for the row a resumed run logs next.
     std::pair<double, double> loss_window{window_loss, window_loss_weight};
-    if (checkpoint_due && window_steps > 0 && s.group) {
+    if (stop_row_window) {
+      loss_window = *stop_row_window;  // summed over the ranks already, for the row
+    } else if (checkpoint_due && window_steps > 0 && s.group) {
       const auto sums = s.group->reduce_doubles({window_loss, window_loss_weight}, dist::ReduceOp::Sum);
       loss_window = {sums[0], sums[1]};
     }
