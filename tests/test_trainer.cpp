@@ -2,6 +2,7 @@
 
 #include <train/checkpoint.h>
 #include <train/config.h>
+#include <train/data/factory.h>
 #include <train/data/loader.h>
 #include <train/data/synthetic.h>
 #include <train/data/token_file.h>
@@ -1183,6 +1184,71 @@ TEST_CASE("checkpoint.best: a best from after the step a run starts from is not 
                           Catch::Contains("but no step checkpoint to continue from"));
   }
   files::remove_all(dir);
+}
+
+TEST_CASE("resume: a training set that changed size since the checkpoint is said, and one too small for its "
+          "position is an error before the run directory changes", "[trainer][resume]") {
+  register_tiny_mlp();
+  // The program's own data (the config stays the same): synthetic images, of some number.
+  Config c = synthetic_config();
+  c.data.kind = "custom";
+  c.trainer.max_steps = 0;
+  c.trainer.epochs = 2;
+  c.checkpoint.every_steps = 10;
+  c.logging.tensorboard = false;
+  const auto images = [](int64_t n) {
+    DataConfig d = synthetic_config().data;
+    d.synthetic_train_samples = n;
+    return data::make_dataset(d, data::Split::Train);
+  };
+  c.logging.every_steps = 10;
+  const auto run_with = [&](int64_t samples, const std::string& dir, const std::string& resume, bool stop = false) {
+    RunOptions options;
+    options.train_data = images(samples);
+    RunParts run = prepare_run(c, options);
+    FitOptions fit;
+    fit.run_dir = dir;
+    fit.resume = resume;
+    if (stop) {  // after step 10's row
+      fit.on_trainer = [](Trainer& t) { t.on_metrics([&t](const MetricRecord&) { t.request_stop(); }); };
+    }
+    return fit_in_run_dir(c, run, fit);
+  };
+  const std::string dir = temp_dir("changed_data");
+  // 256 samples, 16 steps an epoch: stopped at step 10, 160 samples into epoch 0.
+  REQUIRE(run_with(256, dir, "", true).exit_code == kExitStopped);
+  // 240 samples: said, with the run's length it changes (32 -> 30 steps).
+  const std::string copy = temp_dir("changed_data_copy");
+  files::remove_all(copy);
+  REQUIRE(std::system(("cp -a '" + dir + "' '" + copy + "'").c_str()) == 0);
+  CHECK(run_with(240, copy, "auto").exit_code == kExitOk);
+  std::ifstream log_in(files::join(copy, "train.log"));
+  const std::string log((std::istreambuf_iterator<char>(log_in)), std::istreambuf_iterator<char>());
+  CHECK_THAT(log, Catch::Contains("was written with other settings (") &&
+                      Catch::Contains("the training set's size 256 -> 240 samples, the run's steps 32 -> 30"));
+  // 128 samples, 8 steps an epoch: step 10's position is past the end of an epoch.
+  const auto snapshot = [](const std::string& d) {
+    std::map<std::string, std::string> files_in;
+    for (const std::string& name : {"config.yaml", "plan.json", "metrics.jsonl", "train.log"}) {
+      std::ifstream in(files::join(d, name));
+      files_in[name] = std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    }
+    files_in["checkpoints"] = "";
+    for (const std::string& f : files::list_directory(files::join(d, "checkpoints"))) files_in["checkpoints"] += f + " ";
+    return files_in;
+  };
+  const auto before = snapshot(dir);
+  try {
+    run_with(128, dir, "auto");
+    FAIL("a resume past the end of the changed data's epoch went on");
+  } catch (const CheckpointError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("step_00000010.pt: it was written 160 samples into epoch 0, more than an "
+                                         "epoch of the training set now gives (8 steps of 16 from") &&
+                             Catch::Contains("the data changed since"));
+  }
+  CHECK(snapshot(dir) == before);
+  files::remove_all(dir);
+  files::remove_all(copy);
 }
 
 TEST_CASE("trainer.early_stop_patience: training stops, with a checkpoint, after that many evaluations without a "

@@ -429,6 +429,13 @@ struct Trainer::Impl {
       throw CheckpointError(log::str(source, ": its data position (sample ", sample, " of epoch ", epoch,
                                      ") is not a multiple of the micro-batch ", plan.micro_batch));
     }
+    if (sample / plan.micro_batch > batches_per_epoch()) {
+      throw CheckpointError(log::str(
+          source, ": it was written ", sample * plan.world_size, " samples into epoch ", epoch,
+          ", more than an epoch of the training set now gives (", batches_per_epoch() / plan.accum_steps,
+          " steps of ", plan.global_batch, " from ", train_set->describe(),
+          "): the data changed since; resume with the data it was written with, or start a new run"));
+    }
     if (feeder) feeder->reset();
     loader->start({epoch, sample / plan.micro_batch});
   }
@@ -636,6 +643,14 @@ struct Trainer::Impl {
         // Exact: 0.1/3 and 0.1/6 must not read as rounded look-alikes.
         trajectory.push_back("the plan's peak lr " + log::exact(lr) + " -> " + log::exact(plan.lr));
       }
+    }
+    if (const auto samples = saved_int("trainer/train_samples"); samples && *samples != train_set->size()) {
+      // (The run's length follows from it when the config counts epochs.)
+      const auto total = saved_int("trainer/total_steps");
+      trajectory.push_back(log::str("the training set's size ", *samples, " -> ", train_set->size(), " samples",
+                                    total && *total != plan.total_steps
+                                        ? log::str(", the run's steps ", *total, " -> ", plan.total_steps)
+                                        : std::string()));
     }
     // (Another global batch is split anew: its micro-batch says nothing more.)
     const bool same_batch = batch ? *batch == plan.global_batch : !listed("trainer.global_batch");
@@ -881,6 +896,9 @@ struct Trainer::Impl {
     state.tensors["trainer/threads"] = torch::tensor(plan.threads, torch::kLong);
     state.tensors["trainer/precision"] = torch::tensor(precision_code(plan.precision), torch::kLong);
     state.tensors["trainer/world_size"] = torch::tensor(plan.world_size, torch::kLong);
+    // The data and the run's length it gave, so that a resume on changed data says so.
+    state.tensors["trainer/train_samples"] = torch::tensor(train_set->size(), torch::kLong);
+    state.tensors["trainer/total_steps"] = torch::tensor(plan.total_steps, torch::kLong);
     if (!bad_steps.empty()) {
       std::vector<int64_t> flat;
       for (const auto& [epoch, sample] : bad_steps) flat.insert(flat.end(), {epoch, sample});
