@@ -9,9 +9,9 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
-#include <cstdint>
 #include <iomanip>
 #include <iostream>
 #include <optional>
@@ -21,7 +21,6 @@
 #include "train/config.h"
 #include "train/data/factory.h"
 #include "train/data/image_folder.h"
-#include "train/text/tsv_dataset.h"
 #include "train/data/scan.h"
 #include "train/device.h"
 #include "train/fit.h"
@@ -35,6 +34,7 @@
 #include "train/models/model.h"
 #include "train/run.h"
 #include "train/safetensors.h"
+#include "train/text/tsv_dataset.h"
 #include "train/trainer.h"
 
 namespace train {
