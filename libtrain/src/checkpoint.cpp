@@ -720,50 +720,46 @@ std::string latest_checkpoint(const std::string& dir) {
 
 namespace {
 std::string best_record_path(const std::string& dir) { return files::join(dir, "best.json"); }
+
+// Moves the files of `paths` that exist into `aside`, each under its name numbered with the first n
+// at which none of their names is taken there (an earlier resume may have set aside files of the
+// same names: none is overwritten), in the order given. Returns the names for `paths`, moved or not.
+std::vector<std::string> move_aside(const std::vector<std::string>& paths, const std::string& aside) {
+  files::make_directories(aside);
+  const auto kept_as = [&](const std::string& path, int n) {
+    return files::join(aside, detail::kept_checkpoint_name(files::filename(path), n));
+  };
+  int n = 0;
+  while (std::any_of(paths.begin(), paths.end(), [&](const std::string& p) { return files::exists(kept_as(p, n)); })) {
+    ++n;
+  }
+  std::vector<std::string> kept;
+  for (const std::string& from : paths) {
+    kept.push_back(kept_as(from, n));
+    if (files::exists(from) && std::rename(from.c_str(), kept.back().c_str()) != 0) {
+      throw Error("cannot move " + from + " to " + kept.back() + ": " + std::strerror(errno));
+    }
+  }
+  return kept;
+}
 }  // namespace
 
 std::vector<std::string> set_aside_checkpoints_after(const std::string& dir, int64_t step) {
   std::vector<std::string> moved;
   const std::string aside = files::join(dir, "abandoned");
   for (const auto& path : list_checkpoints(dir)) {
-    const std::string name = files::filename(path);
-    if (checkpoint_step(name) <= step) continue;
-    files::make_directories(aside);
-    // An earlier resume may have set aside a checkpoint of the same step (another future): never
-    // overwritten, this one takes the first numbered name free for it and its checksum.
-    const auto kept_as = [&](int n) { return files::join(aside, detail::kept_checkpoint_name(name, n)); };
-    int n = 0;
-    while (files::exists(kept_as(n)) || files::exists(sum_path(kept_as(n)))) ++n;
-    const std::string kept = kept_as(n);
-    for (const auto& [from, to] : {std::pair{path, kept}, std::pair{sum_path(path), sum_path(kept)}}) {
-      if (files::exists(from) && std::rename(from.c_str(), to.c_str()) != 0) {
-        throw Error("cannot move " + from + " to " + to + ": " + std::strerror(errno));
-      }
-    }
-    moved.push_back(kept);
+    if (checkpoint_step(files::filename(path)) <= step) continue;
+    moved.push_back(move_aside({path, sum_path(path)}, aside)[0]);
   }
-  // best.pt from that future goes with it (best.json beside it, both under one number), rather
-  // than being replaced by the resumed run's first evaluation.
+  // best.pt from that future goes with it (best.json beside it, all under one number), rather
+  // than being replaced by the resumed run's first evaluation. best.json last: a kill in between
+  // leaves a record without its file, which the next run replaces.
   const std::optional<BestCheckpoint> best = read_best_checkpoint(dir);
   if (best && best->step > step) {
-    files::make_directories(aside);
-    const std::string best_pt = best_checkpoint_path(dir), best_json = best_record_path(dir);
-    const auto kept_as = [&](const std::string& path, int n) {
-      return files::join(aside, detail::kept_checkpoint_name(files::filename(path), n));
-    };
-    int n = 0;
-    while (files::exists(kept_as(best_pt, n)) || files::exists(sum_path(kept_as(best_pt, n))) ||
-           files::exists(kept_as(best_json, n))) {
-      ++n;
-    }
-    // best.json last: a kill in between leaves a record without its file, which the next run
-    // replaces (a best.pt without a record is replaced by the next evaluation too).
-    for (const std::string& from : {best_pt, sum_path(best_pt), best_json}) {
-      const std::string to = kept_as(from, n);
-      if (files::exists(from) && std::rename(from.c_str(), to.c_str()) != 0) {
-        throw Error("cannot move " + from + " to " + to + ": " + std::strerror(errno));
-      }
-      if (from != sum_path(best_pt) && files::exists(to)) moved.push_back(to);
+    const std::string best_pt = best_checkpoint_path(dir);
+    const std::vector<std::string> kept = move_aside({best_pt, sum_path(best_pt), best_record_path(dir)}, aside);
+    for (const std::string& file : {kept[0], kept[2]}) {
+      if (files::exists(file)) moved.push_back(file);
     }
   }
   return moved;

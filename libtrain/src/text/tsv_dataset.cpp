@@ -123,8 +123,8 @@ double TsvDataset::truncated_fraction() const {
 
 std::string TsvDataset::describe() const {
   std::ostringstream out;
-  out << "tsv: " << (options_.texts.empty() ? options_.path : "texts given") << ", " << size() << " texts, " << num_classes() << " classes, max_length "
-      << options_.max_length << " (" << static_cast<int>(100.0 * truncated_fraction() + 0.5) << "% truncated), vocab "
+  out << "tsv: " << (options_.texts.empty() ? options_.path : "texts given") << ", " << size() << " texts, "
+      << num_classes() << " classes, max_length " << options_.max_length << " (" << static_cast<int>(100.0 * truncated_fraction() + 0.5) << "% truncated), vocab "
       << options_.tokenizer->vocab().size();
   return out.str();
 }
