@@ -1596,6 +1596,61 @@ TEST_CASE("Ctrl-C to train launch's process group: each rank gets it once, check
   files::remove_all(dir);
 }
 
+TEST_CASE("SIGHUP (a closed terminal or SSH session) stops train launch's ranks with a checkpoint; under nohup it "
+          "changes nothing", "[dist][process][signals]") {
+  const std::string dir = files::make_temp_directory("train_launch_hangup_");
+  const std::string config = files::join(dir, "stop.yaml");
+  std::ofstream(config) << "model: {name: resnet18, in_channels: 1, num_classes: 10, width: 0.125, small_input: true}\n"
+                           "data: {kind: synthetic, channels: 1, image_size: 12, synthetic_train_samples: 512,"
+                           " synthetic_val_samples: 40, workers: 1}\n"
+                           "optim: {name: sgd, lr: 0.05, momentum: 0.9}\n"
+                           "trainer: {global_batch: 16, max_steps: 30, device: cpu, eval_every_steps: 1000}\n"
+                           "checkpoint: {every_steps: 1000}\n"
+                           "logging: {every_steps: 1}\n";
+  const std::string run_dir = files::join(dir, "run"), ckpts = files::join(run_dir, "checkpoints");
+  auto started = [&](const Proc& p) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (slurp(files::join(run_dir, "metrics.jsonl")).find("\"step\":3,") == std::string::npos &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    const std::vector<pid_t> ranks = children_of(p.pid);
+    REQUIRE(ranks.size() == 2);
+    return ranks;
+  };
+  SECTION("hangup: forwarded once, every rank checkpoints, the launch exits 3") {
+    // It used to end the launcher by SIGHUP's default action; the ranks then got SIGTERM through
+    // PR_SET_PDEATHSIG, and a rank run without the launcher died with no checkpoint at all.
+    auto p = spawn({kTrain, "launch", "--nproc", "2", config, "--run-dir", run_dir}, {}, files::join(dir, "hup.log"));
+    started(p);
+    ::kill(p.pid, SIGHUP);
+    const int rc = wait_for(p, 120);
+    const std::string out = slurp(p.log);
+    INFO(out);
+    REQUIRE(rc == 3);
+    CHECK_THAT(out, Catch::Contains("Hangup; forwarding it to every rank"));
+    CHECK_THAT(out, Catch::Contains("stop requested: stopped after step"));
+    CHECK_THAT(out, Catch::Contains("launch: the ranks stopped after a checkpoint; resume with --resume auto"));
+    const std::string mid = latest_checkpoint(ckpts);
+    REQUIRE_FALSE(mid.empty());
+    CHECK(mid != checkpoint_path(ckpts, 30));
+  }
+  SECTION("nohup: the launcher and the ranks keep ignoring it and finish the run") {
+    auto p = spawn({"nohup", kTrain, "launch", "--nproc", "2", config, "--run-dir", run_dir}, {},
+                   files::join(dir, "nohup.log"));
+    const std::vector<pid_t> ranks = started(p);  // nohup execs the launcher: same pid
+    ::kill(p.pid, SIGHUP);
+    for (const pid_t r : ranks) ::kill(r, SIGHUP);
+    const int rc = wait_for(p, 300);
+    const std::string out = slurp(p.log);
+    INFO(out);
+    REQUIRE(rc == 0);
+    CHECK_THAT(out, !Catch::Contains("forwarding") && !Catch::Contains("stop requested"));
+    CHECK(files::exists(checkpoint_path(ckpts, 30)));
+  }
+  files::remove_all(dir);
+}
+
 TEST_CASE("a train launch killed with SIGKILL takes its ranks with it: they get SIGTERM and checkpoint",
           "[dist][process][signals]") {
   const std::string dir = files::make_temp_directory("train_launch_orphans_");

@@ -5,7 +5,7 @@
 //
 // Trains in runs/<config name> (created when missing; a run stopped there continues). Exit codes
 // as for `train fit` (train/errors.h): 0 done, 1 bad data or a runtime failure, 2 invalid usage,
-// config or checkpoint, 3 stopped by SIGTERM/SIGINT/SIGUSR1 after a checkpoint.
+// config or checkpoint, 3 stopped by SIGTERM/SIGINT/SIGUSR1/SIGHUP after a checkpoint.
 #include <train/config.h>
 #include <train/errors.h>
 #include <train/files.h>

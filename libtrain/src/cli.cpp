@@ -441,7 +441,7 @@ int run_cli(int argc, char** argv) {
   CLI::App app{"train: device-adaptive training on LibTorch"};
   app.require_subcommand(1);
   app.footer("Exit codes: 0 success; 1 bad data (a missing, truncated or malformed data file) or a runtime "
-             "failure; 2 invalid usage, config or checkpoint; 3 stopped by SIGTERM/SIGINT/SIGUSR1 after a "
+             "failure; 2 invalid usage, config or checkpoint; 3 stopped by SIGTERM/SIGINT/SIGUSR1/SIGHUP after a "
              "checkpoint (resume with --resume auto); 128+N stopped by signal N without a checkpoint (a second "
              "signal 1 s or more after the first, or trainer.stop_grace_s exceeded); 127 train launch could not "
              "start a rank. Bad input leaves the run directory as it was (none, if there was none).");

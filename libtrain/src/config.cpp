@@ -467,7 +467,7 @@ std::vector<Key> build_schema() {
           .at_least(0)
           .at_most(limits::kMaxThreads).execution_only(),
       trainer("stop_grace_s", &T::stop_grace_s,
-              "after SIGTERM/SIGINT/SIGUSR1, seconds to finish the step and write a checkpoint before exiting "
+              "after SIGTERM/SIGINT/SIGUSR1/SIGHUP, seconds to finish the step and write a checkpoint before exiting "
               "anyway, without one (exit 128 + the signal)")
           .above(0)
           .at_most(limits::kMaxSeconds).free_on_resume(),

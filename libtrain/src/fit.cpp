@@ -33,15 +33,16 @@
 namespace train {
 namespace {
 
-// Stop signals: SIGTERM, SIGINT (Ctrl-C) and SIGUSR1 (Slurm's `--signal=USR1@N` warning before
-// the time limit). The first asks the trainer to stop after the current step and checkpoint
+// Stop signals: SIGTERM, SIGINT (Ctrl-C), SIGUSR1 (Slurm's `--signal=USR1@N` warning before the
+// time limit) and SIGHUP (the terminal or SSH session closed; torchrun forwards it too), unless the
+// process started with SIGHUP ignored (nohup): that choice is kept. The first asks the trainer to stop after the current step and checkpoint
 // (exit 3); a watchdog ends the process with 128 + that signal, without a checkpoint, if that takes
 // longer than trainer.stop_grace_s. Another stop signal kRepeatSignalSeconds or more after the
 // first exits at once (128 + signal), without a checkpoint; one sooner is the same request
 // delivered twice (directly and forwarded by a launcher, or by a scheduler that signals every
 // process of the job) and changes nothing. The handler uses only lock-free atomics,
 // clock_gettime, write and _exit, all async-signal-safe.
-constexpr int kStopSignals[] = {SIGTERM, SIGINT, SIGUSR1};
+constexpr int kStopSignals[] = {SIGTERM, SIGINT, SIGUSR1, SIGHUP};
 constexpr int64_t kRepeatSignalSeconds = 1;
 static_assert(std::atomic<int64_t>::is_always_lock_free && std::atomic<int>::is_always_lock_free &&
                   std::atomic<Trainer*>::is_always_lock_free,
@@ -95,6 +96,7 @@ struct StopSignals::Impl {
   std::atomic<bool> done{false};
   std::thread watchdog;
   struct sigaction previous[std::size(kStopSignals)] {};
+  bool installed[std::size(kStopSignals)] {};
 };
 
 StopSignals::StopSignals(double grace_seconds) : impl_(std::make_unique<Impl>()) {
@@ -105,7 +107,14 @@ StopSignals::StopSignals(double grace_seconds) : impl_(std::make_unique<Impl>())
   sigemptyset(&sa.sa_mask);
   for (const int sig : kStopSignals) sigaddset(&sa.sa_mask, sig);  // one handler at a time
   sa.sa_flags = SA_RESTART;
-  for (size_t i = 0; i < std::size(kStopSignals); ++i) ::sigaction(kStopSignals[i], &sa, &impl_->previous[i]);
+  for (size_t i = 0; i < std::size(kStopSignals); ++i) {
+    // A SIGHUP ignored from the start is nohup's (or a launcher's) doing: the run outlives its terminal.
+    struct sigaction current {};
+    if (kStopSignals[i] == SIGHUP && ::sigaction(SIGHUP, nullptr, &current) == 0 && current.sa_handler == SIG_IGN) {
+      continue;
+    }
+    impl_->installed[i] = ::sigaction(kStopSignals[i], &sa, &impl_->previous[i]) == 0;
+  }
   impl_->watchdog = std::thread([impl = impl_.get(), grace_seconds] {
     const auto grace_ns = static_cast<int64_t>(grace_seconds * 1e9);
     while (!impl->done.load()) {
@@ -125,7 +134,9 @@ StopSignals::StopSignals(double grace_seconds) : impl_(std::make_unique<Impl>())
 StopSignals::~StopSignals() {
   impl_->done.store(true);
   impl_->watchdog.join();
-  for (size_t i = 0; i < std::size(kStopSignals); ++i) ::sigaction(kStopSignals[i], &impl_->previous[i], nullptr);
+  for (size_t i = 0; i < std::size(kStopSignals); ++i) {
+    if (impl_->installed[i]) ::sigaction(kStopSignals[i], &impl_->previous[i], nullptr);
+  }
 }
 
 StopSignals::Attach::Attach(Trainer& trainer) {

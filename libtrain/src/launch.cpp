@@ -22,9 +22,16 @@
 namespace train {
 namespace {
 
-// The stop signals the launcher forwards to its ranks: the terminal's Ctrl-C, kill's default and
-// Slurm's usual `--signal=USR1@N` warning before the time limit.
-constexpr int kForwardedSignals[] = {SIGINT, SIGTERM, SIGUSR1};
+// The stop signals the launcher forwards to its ranks: the terminal's Ctrl-C, kill's default,
+// Slurm's usual `--signal=USR1@N` warning before the time limit and the hangup of a closed terminal
+// or SSH session (torchrun forwards that too). A SIGHUP ignored when the launcher starts (nohup)
+// stays ignored, in the launcher and in the ranks, which inherit that across exec.
+constexpr int kForwardedSignals[] = {SIGINT, SIGTERM, SIGUSR1, SIGHUP};
+
+bool ignored_from_start(int sig) {
+  struct sigaction current {};
+  return sig == SIGHUP && ::sigaction(sig, nullptr, &current) == 0 && current.sa_handler == SIG_IGN;
+}
 
 std::atomic<int> g_forward_signal{0};
 extern "C" void remember_signal(int sig) { g_forward_signal.store(sig); }
@@ -125,14 +132,19 @@ int launch_local(const std::vector<std::string>& argv, const LaunchOptions& opti
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
   struct sigaction old_actions[std::size(kForwardedSignals)] {};
-  for (size_t i = 0; i < std::size(kForwardedSignals); ++i) sigaction(kForwardedSignals[i], &sa, &old_actions[i]);
+  bool forwarding[std::size(kForwardedSignals)] {};
+  for (size_t i = 0; i < std::size(kForwardedSignals); ++i) {
+    forwarding[i] = !ignored_from_start(kForwardedSignals[i]) && sigaction(kForwardedSignals[i], &sa, &old_actions[i]) == 0;
+  }
 
   // The stop signals are blocked across fork: a child that gets one (forwarded) before it has
   // reset the launcher's handler would run that handler and carry on; blocked, the signal waits
   // until the child has the default action back and unblocks it.
   sigset_t stop_signals, old_mask;
   sigemptyset(&stop_signals);
-  for (const int sig : kForwardedSignals) sigaddset(&stop_signals, sig);
+  for (size_t i = 0; i < std::size(kForwardedSignals); ++i) {
+    if (forwarding[i]) sigaddset(&stop_signals, kForwardedSignals[i]);
+  }
   sigprocmask(SIG_BLOCK, &stop_signals, &old_mask);
 
   const pid_t launcher = ::getpid();
@@ -158,7 +170,9 @@ int launch_local(const std::vector<std::string>& argv, const LaunchOptions& opti
       // before this line.
       ::prctl(PR_SET_PDEATHSIG, SIGTERM);
       if (::getppid() != launcher) ::_exit(kExitRuntime);
-      for (const int sig : kForwardedSignals) ::signal(sig, SIG_DFL);
+      for (size_t i = 0; i < std::size(kForwardedSignals); ++i) {
+        if (forwarding[i]) ::signal(kForwardedSignals[i], SIG_DFL);
+      }
       sigprocmask(SIG_SETMASK, &old_mask, nullptr);
       ::execve(args[0], args.data(), rank_envp[static_cast<size_t>(rank)].data());
       const int error = errno;
@@ -245,7 +259,9 @@ int launch_local(const std::vector<std::string>& argv, const LaunchOptions& opti
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  for (size_t i = 0; i < std::size(kForwardedSignals); ++i) sigaction(kForwardedSignals[i], &old_actions[i], nullptr);
+  for (size_t i = 0; i < std::size(kForwardedSignals); ++i) {
+    if (forwarding[i]) sigaction(kForwardedSignals[i], &old_actions[i], nullptr);
+  }
   const int result = failure != kExitOk ? failure
                      : signalled != 0 ? signalled
                      : failed_after_stop != 0 ? failed_after_stop

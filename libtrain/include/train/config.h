@@ -182,7 +182,7 @@ struct TrainerConfig {
   int64_t seed = 0;
   std::string device = "auto";   // auto | cpu | cuda | cuda:N
   int64_t threads = 0;           // intra-op CPU threads; 0 = the cores available to the process
-  double stop_grace_s = 60;      // after SIGTERM/SIGINT/SIGUSR1: finish the step and checkpoint within this, or exit 128+sig
+  double stop_grace_s = 60;      // after a stop signal: finish the step and checkpoint within this, or exit 128+sig
   std::string on_nonfinite = "stop";  // non-finite loss without loss scaling: stop | rollback
   int64_t max_rollbacks = 3;     // on_nonfinite rollback: give up (stop) after this many in one run
   // Stop after this many evaluations in a row that do not improve checkpoint.best's metric; 0 = off.

@@ -8,7 +8,7 @@
 //   2  invalid usage or configuration: CLI arguments, the config file and --set overrides (type,
 //      range, unknown or duplicate key, YAML syntax, batch arithmetic), and a checkpoint given with
 //      --resume, --checkpoint or model.init_from that is unreadable or does not fit the model
-//   3  stopped early by SIGTERM / SIGINT / SIGUSR1 after writing a checkpoint; `--resume auto`
+//   3  stopped early by SIGTERM / SIGINT / SIGUSR1 / SIGHUP after writing a checkpoint; `--resume auto`
 //      continues. A second stop signal within 1 s of the first (the same one delivered directly
 //      and by a launcher) changes nothing.
 //   128 + N  stopped by signal N without a checkpoint: another stop signal 1 s or more after the

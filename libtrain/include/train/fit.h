@@ -19,7 +19,7 @@
 //  - bad input (DataError, ConfigError, CheckpointError, UsageError, or an error from a library fed
 //    something not checked up front) before the first checkpoint puts the run directory back as it
 //    was, and removes it when this call created it;
-//  - SIGTERM, SIGINT and SIGUSR1 stop the run after the current step with a checkpoint
+//  - SIGTERM, SIGINT, SIGUSR1 and SIGHUP stop the run after the current step with a checkpoint
 //    (exit_code kExitStopped), within trainer.stop_grace_s (StopSignals);
 //  - the plan cache learns a micro-batch that ran out of memory (RunParts::record_oom);
 //  - in a data-parallel job, a rank's error is posted to the others, and a failure caused by
@@ -34,8 +34,9 @@
 
 namespace train {
 
-// Handles SIGTERM, SIGINT (Ctrl-C) and SIGUSR1 (Slurm's --signal=USR1@N before a time limit) while
-// it lives, restoring the previous handlers after. The first signal asks the attached trainer to
+// Handles SIGTERM, SIGINT (Ctrl-C), SIGUSR1 (Slurm's --signal=USR1@N before a time limit) and
+// SIGHUP (a closed terminal or SSH session; left alone when it was ignored at the start, as under
+// nohup) while it lives, restoring the previous handlers after. The first signal asks the attached trainer to
 // stop after its current step and checkpoint; if that takes longer than `grace_seconds` the
 // process exits with 128 + the signal, without a checkpoint. Another stop signal 1 s or more after
 // the first exits at once (128 + signal); one sooner is the same request delivered twice (by a

@@ -3,8 +3,8 @@
 // (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), and supervises them
 // the way torchrun does: when one rank fails, the others are stopped, and the launcher exits with
 // the failing rank's code. Each rank runs in a session and process group of its own, so that a
-// signal to the launcher's group (Ctrl-C in a terminal) reaches the launcher only; SIGINT, SIGTERM
-// and SIGUSR1 sent to the launcher are forwarded, once, to every rank, which then checkpoint and
+// signal to the launcher's group (Ctrl-C in a terminal) reaches the launcher only; SIGINT, SIGTERM,
+// SIGUSR1 and SIGHUP (unless ignored from the start, as under nohup) sent to the launcher are forwarded, once, to every rank, which then checkpoint and
 // stop after the same step (exit 3). A rank gets SIGTERM from the kernel when the launcher dies
 // (Linux's PR_SET_PDEATHSIG), so none outlives it.
 #include <string>
