@@ -25,6 +25,7 @@
 
 #include "train/config.h"
 #include "train/data/factory.h"
+#include "train/data/idx.h"
 #include "train/data/image_folder.h"
 #include "train/data/scan.h"
 #include "train/data/tokens.h"
@@ -108,13 +109,13 @@ void write_jpeg(const std::string& path, const Pixels& p, int subsampling = -1, 
   tjFree(jpeg);
 }
 
-// RGB (3 channels) or RGBA (4 channels) pixels as a PNG file.
+// Grayscale (1 channel), RGB (3 channels) or RGBA (4 channels) pixels as a PNG file.
 void write_png(const std::string& path, const Pixels& p) {
   png_image image{};
   image.version = PNG_IMAGE_VERSION;
   image.width = static_cast<png_uint_32>(p.width);
   image.height = static_cast<png_uint_32>(p.height);
-  image.format = p.channels == 4 ? PNG_FORMAT_RGBA : PNG_FORMAT_RGB;
+  image.format = p.channels == 1 ? PNG_FORMAT_GRAY : p.channels == 4 ? PNG_FORMAT_RGBA : PNG_FORMAT_RGB;
   REQUIRE(png_image_write_to_file(&image, path.c_str(), 0, p.data.data(), 0, nullptr) != 0);
 }
 
@@ -1458,6 +1459,96 @@ TEST_CASE("train predict prints each image file's most probable classes", "[imag
   CHECK(predict("'" + run_dir + "' '" + (dir / "val/cat/v2.jpg") + "' --checkpoint '" + (dir / "val/cat/v2.jpg") + "'",
                 out, err) == 2);
   CHECK_THAT(err, Contains(dir / "val/cat/v2.jpg") && Contains("not a readable checkpoint"));
+}
+
+// Fashion-MNIST's first test images as 28x28 grayscale PNGs in `dir`; returns their paths.
+static std::vector<std::string> fashion_pngs(const TempDir& dir, int64_t count) {
+  const torch::Tensor images =
+      train::data::read_idx_images(train::data::find_data_file(TRAIN_FASHION_MNIST_DIR, "t10k-images-idx3-ubyte"));
+  std::vector<std::string> paths;
+  for (int64_t i = 0; i < count; ++i) {
+    const torch::Tensor image = images[i][0].contiguous();
+    Pixels p{28, 28, 1, std::vector<uint8_t>(image.data_ptr<uint8_t>(), image.data_ptr<uint8_t>() + 28 * 28)};
+    paths.push_back(dir / ("fashion" + std::to_string(i) + ".png"));
+    write_png(paths.back(), p);
+  }
+  return paths;
+}
+
+TEST_CASE("image files as IDX samples: a grayscale PNG of an IDX image gives that image's sample, bit for bit",
+          "[data][image_folder]") {
+  TempDir dir;
+  const std::vector<std::string> paths = fashion_pngs(dir, 3);
+  train::DataConfig data;
+  data.kind = "idx";
+  data.root = TRAIN_FASHION_MNIST_DIR;
+  data.mean = {0.2860};
+  data.std = {0.3530};
+  const train::data::DatasetPtr files = train::data::make_idx_image_files(data, paths);
+  const train::data::DatasetPtr val = train::data::make_dataset(data, Split::Val);
+  REQUIRE(files->size() == 3);
+  REQUIRE(files->input_shape() == val->input_shape());
+  const auto from_files = files->get_batch({0, 1, 2}, {0, 0, 0}, false);
+  const auto from_idx = val->get_batch({0, 1, 2}, {0, 0, 0}, false);
+  REQUIRE(from_files);
+  REQUIRE(from_idx);
+  CHECK(torch::equal(from_files->input, from_idx->input));
+  CHECK(torch::equal(from_files->target, torch::full({3}, train::data::kIgnoreIndex, torch::kLong)));
+
+  // Colour and size: PIL's luma of the resized image. A 56x84 RGB image of one colour is that
+  // colour's luma everywhere; the side comes from data.image_size when set.
+  write_png(dir / "colour.png", solid(56, 84, {200, 100, 50}));
+  data.image_size = 28;
+  data.root = dir.path;  // no IDX files there: the side is data.image_size's
+  const torch::Tensor colour = train::data::read_images_as_idx({dir / "colour.png"}, 28);
+  REQUIRE(colour.sizes() == torch::IntArrayRef({1, 1, 28, 28}));
+  CHECK(colour.eq((19595 * 200 + 38470 * 100 + 7471 * 50 + 32768) >> 16).all().item<bool>());
+  CHECK(train::data::make_idx_image_files(data, {dir / "colour.png"})->input_shape() == std::vector<int64_t>{1, 28, 28});
+  CHECK_THROWS_WITH(train::data::make_idx_image_files(data, {dir / "missing.png"}),
+                    Contains(dir / "missing.png") && Contains("no such file"));
+}
+
+TEST_CASE("train predict on a run trained on IDX data takes image files", "[image_folder][cli][process]") {
+  TempDir dir;
+  const std::vector<std::string> paths = fashion_pngs(dir, 2);
+  const std::string run_dir = dir / "run";
+  const train::Config config = train::parse_config(
+      "model: {name: lenet, in_channels: 1, num_classes: 10}\n"
+      "data: {kind: idx, root: " + std::string(TRAIN_FASHION_MNIST_DIR) + ", mean: [0.2860], std: [0.3530], workers: 0}\n"
+      "trainer: {global_batch: 8, max_steps: 2, device: cpu, threads: 1, eval_every_steps: 1000}\n"
+      "logging: {tensorboard: false}\n",
+      "idx_predict.yaml");
+  {
+    train::RunParts run = train::prepare_run(config);
+    train::FitOptions fit;
+    fit.run_dir = run_dir;
+    REQUIRE(train::fit_in_run_dir(config, run, fit).exit_code == train::kExitOk);
+  }
+  const std::string command = "'" + std::string(TRAIN_BINARY_DIR) + "/bin/train' predict '" + run_dir + "' '" +
+                              paths[0] + "' '" + paths[1] + "' --top 1 > '" + (dir / "out") + "' 2> '" + (dir / "err") + "'";
+  const int status = std::system(command.c_str());
+  const std::string out = read_text(dir / "out");
+  INFO(out << read_text(dir / "err"));
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  // The model on the IDX samples those files hold: the same top class and probability.
+  train::RunParts evaluated = train::prepare_run(config);
+  train::load_model_weights(train::latest_checkpoint(run_dir + "/checkpoints"), *evaluated.model);
+  evaluated.model->eval();
+  torch::NoGradGuard no_grad;
+  const torch::Tensor p =
+      torch::softmax(evaluated.model->forward(evaluated.val->get_batch({0, 1}, {0, 0}, false)->input).to(torch::kDouble), 1);
+  std::istringstream lines(out);
+  std::string line;
+  for (int64_t i = 0; i < 2; ++i) {
+    REQUIRE(std::getline(lines, line));
+    const int64_t top = p[i].argmax().item<int64_t>();
+    CHECK_THAT(line, Contains("{\"file\":\"" + paths[static_cast<size_t>(i)] + "\"") &&
+                         Contains("\"top\":[{\"label\":" + std::to_string(top) + ",\"probability\":"));
+    const size_t at = line.find("\"probability\":") + 14;
+    CHECK(std::abs(std::stod(line.substr(at)) - p[i][top].item<double>()) < 1e-12);
+  }
+  CHECK_FALSE(std::getline(lines, line));
 }
 
 TEST_CASE("normalize_on_device to bf16 rounds once: every byte value within half a bf16 ulp", "[data][image_folder]") {

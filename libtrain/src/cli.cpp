@@ -268,8 +268,8 @@ std::vector<std::string> read_texts(const std::vector<std::string>& paths) {
 }
 
 // train predict RUN_DIR INPUT...: a trained classifier's most probable classes for new inputs, one
-// JSON line each: image files for a run on image_folder data, transformed as its validation split;
-// texts for a run on tsv data, encoded as its TSV files (README, "Using a trained model"). On the
+// JSON line each: image files for a run on image_folder data, transformed as its validation split,
+// or on idx data, made IDX images (grayscale, the IDX side); texts for a run on tsv data, encoded as its TSV files (README, "Using a trained model"). On the
 // CPU: a few inputs need no device, and the numbers are the same anywhere.
 int cmd_predict(const std::string& run_dir, const std::vector<std::string>& inputs, std::string checkpoint,
                 int64_t top) {
@@ -279,10 +279,11 @@ int cmd_predict(const std::string& run_dir, const std::vector<std::string>& inpu
     throw UsageError(run_dir + ": no config.yaml; give a run directory train fit wrote");
   }
   Config config = load_config(config_path);
-  const bool images = config.data.kind == "image_folder";
+  const bool idx = config.data.kind == "idx";
+  const bool images = config.data.kind == "image_folder" || idx;
   if (!images && config.data.kind != "tsv") {
     throw UsageError(log::str("train predict classifies image files or texts, for a model trained on data.kind "
-                              "image_folder or tsv; ", config_path, " has data.kind ", config.data.kind,
+                              "image_folder, idx or tsv; ", config_path, " has data.kind ", config.data.kind,
                               " (train eval evaluates any run's checkpoint on its validation split)"));
   }
   const std::string checkpoints = files::join(run_dir, "checkpoints");
@@ -299,12 +300,17 @@ int cmd_predict(const std::string& run_dir, const std::vector<std::string>& inpu
     const std::string train_file = images ? files::join(config.data.root, config.data.train_dir)
                                           : (config.data.train_tsv[0] == '/' ? config.data.train_tsv
                                                                             : files::join(config.data.root, config.data.train_tsv));
-    if (images ? files::is_directory(train_file) : files::is_regular_file(train_file)) {
+    if (idx) {
+      // IDX files name no classes: the labels are numbers.
+    } else if (images ? files::is_directory(train_file) : files::is_regular_file(train_file)) {
       classes = images ? data::find_image_classes(train_file) : text::read_tsv_classes(train_file);
     } else {
       log::warn(train_file + " is not here: the classes are given by number, not by name");
     }
-    if (images) {
+    if (idx) {
+      dataset = data::make_idx_image_files(config.data, inputs);
+      what = inputs;
+    } else if (images) {
       config.data.uint8 = "off";  // float inputs, normalised as the workers normalise them
       data::ImageFolderOptions options = data::image_folder_options(config.data, data::Split::Val);
       options.classes = classes;
@@ -514,7 +520,7 @@ int run_cli(int argc, char** argv) {
   auto* predict = app.add_subcommand("predict", "Classify image files or texts with a model a run trained");
   predict->add_option("run_dir", predict_run_dir, "Run directory written by train fit")->required();
   predict->add_option("inputs", predict_inputs,
-                      "JPEG or PNG files (a run on image_folder data), or text files with one text per line, "
+                      "JPEG or PNG files (a run on image_folder or idx data), or text files with one text per line, "
                       "- for standard input (a run on tsv data)")
       ->required();
   predict->add_option("--checkpoint", predict_checkpoint,

@@ -10,6 +10,7 @@
 #include <train/data/transforms.h>
 #include <train/errors.h>
 #include <train/files.h>
+#include <train/log.h>
 #include <torch/nn/functional/upsampling.h>
 
 #include <unistd.h>
@@ -377,6 +378,37 @@ DatasetPtr make_idx(const DataConfig& config, Split split) {
   }
   return dataset;
 }
+
+}  // namespace
+
+DatasetPtr make_idx_image_files(const DataConfig& config, const std::vector<std::string>& paths) {
+  ImageTransforms transforms = transforms_for(config, Split::Val, 1);
+  int64_t side = config.image_size;
+  if (side == 0) {
+    const std::string root = config.root.empty() ? "." : config.root;
+    std::string file;
+    std::vector<int64_t> dims;
+    try {
+      file = find_data_file(root, config.val_images);
+      dims = read_idx_image_dims(file);
+    } catch (const DataError& e) {
+      log::warn(log::str("the IDX images' side is not known here (", e.what(), "); taking 28, the side of MNIST and "
+                         "Fashion-MNIST (set data.image_size to give another)"));
+      dims = {0, 28, 28};
+    }
+    if (dims[1] != dims[2]) {
+      throw DataError(log::str(file, " holds ", dims[1], "x", dims[2], " images, and image files are resized to a "
+                               "square: train predict cannot feed this model"));
+    }
+    side = dims[1];
+  }
+  torch::Tensor images = read_images_as_idx(paths, side);
+  torch::Tensor labels = torch::full({images.size(0)}, kIgnoreIndex, torch::kLong);
+  return std::make_shared<IdxDataset>(std::move(images), std::move(labels), std::move(transforms),
+                                      log::str(paths.size(), " image file(s)"));
+}
+
+namespace {
 
 DatasetPtr make_image_folder(const DataConfig& config, Split split) {
   if (config.root.empty()) throw ConfigError("data.root is required when data.kind is image_folder");

@@ -1,5 +1,6 @@
 // IDX reader (MNIST / Fashion-MNIST) and IdxDataset.
 #include <train/data/idx.h>
+#include <train/data/image_folder.h>
 #include <train/errors.h>
 #include <train/files.h>
 
@@ -55,7 +56,7 @@ struct IdxContents {
 // the payload they declare (and one byte more, to find trailing data). A file with a wrong magic
 // number is rejected without inflating the rest, a header that declares more than the file can
 // hold before anything is allocated, and the payload buffer grows only as data arrives.
-IdxContents read_idx(const std::string& path, uint8_t rank) {
+IdxContents read_idx(const std::string& path, uint8_t rank, bool header_only = false) {
   if (const std::string problem = files::input_file_problem(path); !problem.empty()) {
     throw DataError(path + ": " + problem + ", expected an IDX file");
   }
@@ -125,6 +126,7 @@ IdxContents read_idx(const std::string& path, uint8_t rank) {
     payload *= dim;
     contents.dims.push_back(dim);
   }
+  if (header_only) return contents;
   const uint64_t expected = header_size + payload;
   const std::string declares = "header declares " + join_dims(contents.dims) + " so expected " +
                                std::to_string(expected) + " bytes";
@@ -191,6 +193,33 @@ torch::Tensor read_idx_images(const std::string& path) {
   return images;
 }
 
+std::vector<int64_t> read_idx_image_dims(const std::string& path) { return read_idx(path, 3, true).dims; }
+
+torch::Tensor read_images_as_idx(const std::vector<std::string>& paths, int64_t side) {
+  // image_folder's validation transform, to uint8 RGB at side x side; then PIL's "L" conversion,
+  // ITU-R 601-2 luma in 16-bit fixed point: (19595 R + 38470 G + 7471 B + 2^15) >> 16, whose
+  // weights sum to 2^16, so that R = G = B = v gives v.
+  ImageFolderOptions options;
+  options.files = paths;
+  options.split = Split::Val;
+  options.image_size = side;
+  options.resize_size = side;
+  options.uint8 = true;
+  const ImageFolderDataset files(options);
+  torch::Tensor images = torch::empty({files.size(), 1, side, side}, torch::kByte);
+  for (int64_t i = 0; i < files.size(); ++i) {
+    const torch::Tensor rgb = files.get(i, 0).input.contiguous();  // uint8 [3, side, side]
+    const uint8_t* r = rgb.data_ptr<uint8_t>();
+    const uint8_t* g = r + side * side;
+    const uint8_t* b = g + side * side;
+    uint8_t* out = images[i].data_ptr<uint8_t>();
+    for (int64_t p = 0; p < side * side; ++p) {
+      out[p] = static_cast<uint8_t>((19595u * r[p] + 38470u * g[p] + 7471u * b[p] + 0x8000u) >> 16);
+    }
+  }
+  return images;
+}
+
 torch::Tensor read_idx_labels(const std::string& path, int64_t num_classes) {
   const IdxContents file = read_idx(path, 1);
   const std::vector<int64_t>& dims = file.dims;
@@ -217,6 +246,25 @@ IdxDataset::IdxDataset(const std::string& images_file, const std::string& labels
     throw DataError(labels_file + ": holds " + std::to_string(labels_.size(0)) + " labels but " +
                     images_file + " holds " + std::to_string(images_.size(0)) + " images");
   }
+  prepare_tables();
+}
+
+IdxDataset::IdxDataset(torch::Tensor images, torch::Tensor labels, ImageTransforms transforms, std::string source)
+    : images_file_(std::move(source)),
+      images_(std::move(images)),
+      labels_(std::move(labels)),
+      transforms_(std::move(transforms)) {
+  if (images_.scalar_type() != torch::kByte || images_.dim() != 4 || images_.size(1) != 1 ||
+      labels_.scalar_type() != torch::kLong || labels_.dim() != 1 || labels_.size(0) != images_.size(0)) {
+    throw std::invalid_argument(images_file_ + ": IdxDataset takes uint8 images [N, 1, H, W] and int64 labels [N], got " +
+                                join_dims(images_.sizes().vec()) + " and " + join_dims(labels_.sizes().vec()));
+  }
+  images_ = images_.contiguous();
+  labels_ = labels_.contiguous();
+  prepare_tables();
+}
+
+void IdxDataset::prepare_tables() {
   // Every byte value through the tensor ops that define a sample: x / 255, then, when the
   // transforms are a normalisation alone (no crop, whose zero padding comes before it, no flip),
   // normalize(). get() looks pixels up here.

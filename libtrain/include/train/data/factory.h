@@ -2,6 +2,9 @@
 // Builds the dataset described by the `data:` section of the config.
 #include <train/data/dataset.h>
 
+#include <string>
+#include <vector>
+
 namespace train {
 struct DataConfig;
 }
@@ -31,5 +34,13 @@ constexpr int64_t kImageFolderDefaultImageSize = 224;
 // that differ from the image channels, ...) and DataError for unreadable or malformed files
 // (image_folder: a missing directory or no images; single images are decoded only in get()).
 DatasetPtr make_dataset(const DataConfig& config, Split split);
+
+// data.kind idx: image files (JPEG or PNG) as the unlabelled samples (target -100) of a model
+// trained on `config`'s IDX data, for `train predict`: read_images_as_idx (train/data/idx.h) at
+// the IDX images' side, then normalised as the validation split. The side is data.image_size when
+// set, else the one the validation images' header declares, else (that file is not here) 28, the
+// side of MNIST and Fashion-MNIST, with a warning. ConfigError as make_dataset for the transforms;
+// DataError naming a file that cannot be read.
+DatasetPtr make_idx_image_files(const DataConfig& config, const std::vector<std::string>& paths);
 
 }  // namespace train::data

@@ -27,6 +27,17 @@ torch::Tensor read_idx_images(const std::string& path);
 // Reads an idx1-ubyte file into an int64 tensor [N]; every label must be < num_classes.
 torch::Tensor read_idx_labels(const std::string& path, int64_t num_classes = kIdxNumClasses);
 
+// The shape {N, H, W} an idx3-ubyte file's header declares, read without its payload (a gzip
+// file's first bytes only). DataError as read_idx_images for a bad header.
+std::vector<int64_t> read_idx_image_dims(const std::string& path);
+
+// JPEG or PNG files as IDX images, the inputs a model trained on IDX data predicts on: each is
+// decoded, resized (shorter side) and center-cropped to side x side as image_folder's validation
+// split is (an image of that size is taken as it is), then converted to grayscale as PIL's
+// convert("L") does (a grayscale file keeps its values). uint8 [N, 1, side, side]. DataError
+// naming a file that is missing or cannot be decoded.
+torch::Tensor read_images_as_idx(const std::vector<std::string>& paths, int64_t side);
+
 // Single-channel images held in memory as uint8. get() returns a float [1, H, W] input scaled
 // to [0, 1] and then transformed, and a 0-d int64 target.
 class IdxDataset : public Dataset {
@@ -34,6 +45,9 @@ class IdxDataset : public Dataset {
   // Takes file paths (see find_data_file); the image and label counts must agree.
   IdxDataset(const std::string& images_file, const std::string& labels_file,
              ImageTransforms transforms = {});
+  // Images and labels already in memory: uint8 [N, 1, H, W] and int64 [N] (labels may be -100,
+  // no target); `source` names them in describe() and errors.
+  IdxDataset(torch::Tensor images, torch::Tensor labels, ImageTransforms transforms, std::string source);
 
   int64_t size() const override { return labels_.size(0); }
   Example get(int64_t index, uint64_t seed) const override;
@@ -48,6 +62,8 @@ class IdxDataset : public Dataset {
   const torch::Tensor& labels() const { return labels_; }  // int64 [N]
 
  private:
+  void prepare_tables();
+
   std::string images_file_;
   torch::Tensor images_;
   torch::Tensor labels_;
