@@ -9,9 +9,11 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -178,6 +180,32 @@ TEST_CASE("cli: a log file that cannot be written stops with one warning, and th
   CHECK(rc == train::kExitOk);
   CHECK(count_of(err, "cannot write the log file " + train::files::join(run_dir, "train.log")) == 1);
   CHECK(train::files::exists(train::files::join(run_dir, "checkpoints/step_00000002.pt")));
+}
+
+TEST_CASE("cli: a full disk while the run writes its config.yaml leaves no run directory behind", "[cli][log]") {
+  TempDir tmp("setup_full");
+  const std::string cfg = tmp.write("run.yaml", kSynthetic);
+  const std::string run_dir = tmp / "run";
+  // Files may not grow past 2 KiB: config.yaml's write fails (EFBIG) as it would on a full disk.
+  // It used to leave the directory with .lock and a train.log that could not say why.
+  struct rlimit old_limit {};
+  REQUIRE(::getrlimit(RLIMIT_FSIZE, &old_limit) == 0);
+  struct rlimit limit = old_limit;
+  limit.rlim_cur = 2048;
+  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  REQUIRE(::setrlimit(RLIMIT_FSIZE, &limit) == 0);
+  int rc = -1;
+  const std::string err = stderr_of([&] { rc = cli({"fit", cfg, "--run-dir", run_dir}); });
+  ::setrlimit(RLIMIT_FSIZE, &old_limit);
+  std::signal(SIGXFSZ, old_handler);
+  INFO(err);
+  CHECK(rc == train::kExitRuntime);
+  CHECK_THAT(err, Catch::Contains(train::files::join(run_dir, "config.yaml")) &&
+                      Catch::Contains(std::strerror(EFBIG)) &&
+                      Catch::Contains("the run stopped while writing its run directory's files"));
+  CHECK_FALSE(train::files::exists(run_dir));
+  // With room again, the same command runs.
+  CHECK(cli({"fit", cfg, "--run-dir", run_dir}) == train::kExitOk);
 }
 
 TEST_CASE("cli: a run directory in use by another run is refused before anything in it changes", "[cli]") {

@@ -236,8 +236,9 @@ bool is_bad_input(const Error& e) {
          dynamic_cast<const CheckpointError*>(&e) || dynamic_cast<const UsageError*>(&e);
 }
 
-// Creates the run directory and trains. A run stopped by bad input before its first checkpoint
-// puts the run directory back as it found it (removes it when it created it).
+// Creates the run directory and trains. A run stopped by bad input before its first checkpoint,
+// or by anything while it writes its config.yaml, plan.json and train.log (a full disk), puts the
+// run directory back as it found it (removes it when it created it).
 FitReport train_in_run_dir(const Config& config, RunParts& run, const std::string& run_dir,
                            const std::string& resume_path, const FitOptions& options) {
   const bool leader = run.plan.rank == 0;
@@ -266,6 +267,9 @@ FitReport train_in_run_dir(const Config& config, RunParts& run, const std::strin
                        "(--resume auto, FitOptions::resume \"auto\"), or start a new run in another directory");
     }
   }
+  // Until the run directory's own files are written, a failure of any kind leaves nothing behind:
+  // a train.log that could not be written (a full disk) would not say why the run stopped.
+  bool set_up = false;
   try {
     if (leader) {  // rank 0 owns the run directory
       files::make_directories(run_dir);
@@ -273,6 +277,7 @@ FitReport train_in_run_dir(const Config& config, RunParts& run, const std::strin
       detail::write_text_atomically(files::join(run_dir, "config.yaml"), to_yaml(config));
       detail::write_text_atomically(files::join(run_dir, "plan.json"), run.plan.to_json() + "\n");
     }
+    set_up = true;
     log::info("run directory " + run_dir);
     // The registry's name (a program's own model's too), not the C++ type's.
     log::info("model " + config.model.name + ": " + std::to_string(run.plan.model_params) + " parameters; train " +
@@ -326,7 +331,10 @@ FitReport train_in_run_dir(const Config& config, RunParts& run, const std::strin
       if (!is_bad_input(e)) peer = run.group->peer_failure(3.0);
     }
     const bool bad_input = is_bad_input(e) || (peer && peer->bad_input);
-    if (before && bad_input && !before->has_new_checkpoint()) {
+    if (before && !set_up) {
+      log::set_file("");
+      log::warn("the run stopped while writing its run directory's files; " + before->restore());
+    } else if (before && bad_input && !before->has_new_checkpoint()) {
       log::set_file("");
       log::warn("the run stopped before its first checkpoint; " + before->restore());
     }
