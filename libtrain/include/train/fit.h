@@ -18,7 +18,8 @@
 //    model.init_from are read and checked against the model before anything is written;
 //  - bad input (DataError, ConfigError, CheckpointError, UsageError, or an error from a library fed
 //    something not checked up front) before the first checkpoint puts the run directory back as it
-//    was, and removes it when this call created it;
+//    was, and removes it when this call created it; so does any failure while config.yaml,
+//    plan.json and train.log are written (a full disk);
 //  - SIGTERM, SIGINT, SIGUSR1 and SIGHUP stop the run after the current step with a checkpoint
 //    (exit_code kExitStopped), within trainer.stop_grace_s (StopSignals);
 //  - the plan cache learns a micro-batch that ran out of memory (RunParts::record_oom);
