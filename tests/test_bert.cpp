@@ -925,6 +925,11 @@ TEST_CASE("train predict classifies texts as the run's TSV data encodes them, pa
   CHECK(given.get(1, 0).target.item<int64_t>() == -100);
   CHECK(torch::equal(given.get(0, 0).input, evaluated.val->get(2, 0).input));
   CHECK_THAT(given.describe(), Catch::Contains("tsv: texts given, 2 texts"));
+  // Dataset::fingerprint: of the encoded texts; another text of the same count changes it.
+  options.texts = {"the cat", "dog dog dog"};
+  CHECK(train::text::TsvDataset(options).fingerprint() == given.fingerprint());
+  options.texts = {"the cat", "dog dog"};
+  CHECK(train::text::TsvDataset(options).fingerprint() != given.fingerprint());
   options.texts = {"the cat", " \t"};
   CHECK_THROWS_AS(train::text::TsvDataset(options), std::invalid_argument);
   train::files::remove_all(dir);

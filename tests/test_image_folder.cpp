@@ -297,6 +297,12 @@ TEST_CASE("ImageFolder lists sorted classes and images", "[data][image_folder]")
   CHECK(val_folder.label(0) == 0);
   CHECK(val_folder.label(2) == 2);
   CHECK(val_folder.path(3) == dir / "val/cat/v3.png");
+  // Dataset::fingerprint: of the listing. A file renamed (the same count) changes it.
+  const uint64_t print = val_folder.fingerprint();
+  CHECK(print == make_dataset(folder_config(dir.path), Split::Val)->fingerprint());
+  REQUIRE(std::rename((dir / "val/cat/v3.png").c_str(), (dir / "val/cat/v4.png").c_str()) == 0);
+  CHECK(print != make_dataset(folder_config(dir.path), Split::Val)->fingerprint());
+  REQUIRE(std::rename((dir / "val/cat/v4.png").c_str(), (dir / "val/cat/v3.png").c_str()) == 0);
   CHECK_THAT(val_folder.describe(),
              Contains("(val)") && Contains("resize(37), center_crop(32)"));  // round(32 / 0.875)
 }

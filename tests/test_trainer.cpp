@@ -3,6 +3,7 @@
 #include <train/checkpoint.h>
 #include <train/config.h>
 #include <train/data/factory.h>
+#include <train/data/idx.h>
 #include <train/data/loader.h>
 #include <train/data/synthetic.h>
 #include <train/data/token_file.h>
@@ -1184,6 +1185,55 @@ TEST_CASE("checkpoint.best: a best from after the step a run starts from is not 
                           Catch::Contains("but no step checkpoint to continue from"));
   }
   files::remove_all(dir);
+}
+
+TEST_CASE("resume: training data of the same size but other content is said; the same data is not",
+          "[trainer][resume]") {
+  register_tiny_mlp();
+  Config c = synthetic_config();
+  c.data.kind = "custom";
+  c.trainer.max_steps = 8;
+  c.logging.every_steps = 4;
+  c.logging.tensorboard = false;
+  // The program's own IDX-like data: 64 images of 8x8, one pixel apart between the two versions.
+  torch::manual_seed(3);
+  const torch::Tensor pixels = torch::randint(0, 256, {64, 1, 8, 8}, torch::kLong).to(torch::kByte);
+  const torch::Tensor labels = torch::randint(0, 10, {64}, torch::kLong);
+  const auto idx = [&](bool changed) {
+    torch::Tensor images = pixels.clone();
+    if (changed) images[17][0][3][4] = static_cast<uint8_t>(images[17][0][3][4].item<int64_t>() ^ 1);
+    return std::make_shared<data::IdxDataset>(images, labels, data::ImageTransforms{}, "memory");
+  };
+  CHECK(idx(false)->fingerprint() == idx(false)->fingerprint());
+  CHECK(idx(false)->fingerprint() != idx(true)->fingerprint());
+  const auto run_with = [&](bool changed, const std::string& dir, const std::string& resume) {
+    RunOptions options;
+    options.train_data = idx(changed);
+    RunParts run = prepare_run(c, options);
+    FitOptions fit;
+    fit.run_dir = dir;
+    fit.resume = resume;
+    if (resume.empty()) {  // after step 4's row
+      fit.on_trainer = [](Trainer& t) { t.on_metrics([&t](const MetricRecord&) { t.request_stop(); }); };
+    }
+    return fit_in_run_dir(c, run, fit);
+  };
+  const std::string dir = temp_dir("same_size_data");
+  REQUIRE(run_with(false, dir, "").exit_code == kExitStopped);
+  const std::string copy = temp_dir("same_size_data_copy");
+  files::remove_all(copy);
+  REQUIRE(std::system(("cp -a '" + dir + "' '" + copy + "'").c_str()) == 0);
+  const auto log_of = [](const std::string& d) {
+    std::ifstream in(files::join(d, "train.log"));
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  CHECK(run_with(false, dir, "auto").exit_code == kExitOk);
+  CHECK_THAT(log_of(dir), !Catch::Contains("was written with other settings"));
+  CHECK(run_with(true, copy, "auto").exit_code == kExitOk);
+  CHECK_THAT(log_of(copy), Catch::Contains("was written with other settings (the training data: the same 64 samples "
+                                           "in number, but not the same samples)"));
+  files::remove_all(dir);
+  files::remove_all(copy);
 }
 
 TEST_CASE("resume: a training set that changed size since the checkpoint is said, and one too small for its "

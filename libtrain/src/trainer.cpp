@@ -644,13 +644,21 @@ struct Trainer::Impl {
         trajectory.push_back("the plan's peak lr " + log::exact(lr) + " -> " + log::exact(plan.lr));
       }
     }
-    if (const auto samples = saved_int("trainer/train_samples"); samples && *samples != train_set->size()) {
+    const auto samples = saved_int("trainer/train_samples");
+    if (samples && *samples != train_set->size()) {
       // (The run's length follows from it when the config counts epochs.)
       const auto total = saved_int("trainer/total_steps");
       trajectory.push_back(log::str("the training set's size ", *samples, " -> ", train_set->size(), " samples",
                                     total && *total != plan.total_steps
                                         ? log::str(", the run's steps ", *total, " -> ", plan.total_steps)
                                         : std::string()));
+    } else if (const auto print = saved_int("trainer/train_fingerprint");
+               print && train_set->fingerprint() != 0 && static_cast<uint64_t>(*print) != train_set->fingerprint() &&
+               !listed("data.root") && !listed("data.train_dir") && !listed("data.train_images") &&
+               !listed("data.train_tsv") && !listed("data.train_tokens")) {
+      // Same size, other content: files replaced, relabelled, re-tokenised (Dataset::fingerprint).
+      trajectory.push_back(log::str("the training data: the same ", train_set->size(),
+                                    " samples in number, but not the same samples"));
     }
     // (Another global batch is split anew: its micro-batch says nothing more.)
     const bool same_batch = batch ? *batch == plan.global_batch : !listed("trainer.global_batch");
@@ -898,6 +906,9 @@ struct Trainer::Impl {
     state.tensors["trainer/world_size"] = torch::tensor(plan.world_size, torch::kLong);
     // The data and the run's length it gave, so that a resume on changed data says so.
     state.tensors["trainer/train_samples"] = torch::tensor(train_set->size(), torch::kLong);
+    if (const uint64_t print = train_set->fingerprint(); print != 0) {
+      state.tensors["trainer/train_fingerprint"] = torch::tensor(static_cast<int64_t>(print), torch::kLong);
+    }
     state.tensors["trainer/total_steps"] = torch::tensor(plan.total_steps, torch::kLong);
     if (!bad_steps.empty()) {
       std::vector<int64_t> flat;

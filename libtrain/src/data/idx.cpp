@@ -265,6 +265,11 @@ IdxDataset::IdxDataset(torch::Tensor images, torch::Tensor labels, ImageTransfor
 }
 
 void IdxDataset::prepare_tables() {
+  Fingerprint print;
+  for (const int64_t d : images_.sizes()) print.add(d);
+  print.add(images_.data_ptr<uint8_t>(), static_cast<size_t>(images_.numel()));
+  print.add(labels_.data_ptr<int64_t>(), static_cast<size_t>(labels_.numel()) * sizeof(int64_t));
+  fingerprint_ = print.value();
   // Every byte value through the tensor ops that define a sample: x / 255, then, when the
   // transforms are a normalisation alone (no crop, whose zero padding comes before it, no flip),
   // normalize(). get() looks pixels up here.

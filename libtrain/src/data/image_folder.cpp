@@ -674,6 +674,14 @@ ImageFolderDataset::ImageFolderDataset(ImageFolderOptions options) : options_(st
     shift_[c] = static_cast<float>(mean / stddev);
   }
 
+  // The classes and the samples' files and labels: what a listing shows (a file edited in place
+  // keeps the fingerprint; reading every file to see it would cost an epoch's I/O).
+  auto take_fingerprint = [this] {
+    Fingerprint print;
+    for (const std::string& name : options_.classes) print.add(name);
+    for (const Sample& s : samples_) print.add(s.file).add(s.label);
+    fingerprint_ = print.value();
+  };
   if (!options_.files.empty()) {
     for (const std::string& file : options_.files) {
       const std::string where = files::join(options_.directory, file);
@@ -683,6 +691,7 @@ ImageFolderDataset::ImageFolderDataset(ImageFolderOptions options) : options_(st
       }
       samples_.push_back(Sample{file, kIgnoreIndex});
     }
+    take_fingerprint();
     return;
   }
   const std::string& directory = options_.directory;
@@ -727,6 +736,7 @@ ImageFolderDataset::ImageFolderDataset(ImageFolderOptions options) : options_(st
                        " among the ", options_.classes.size(), " classes; remove ", one ? "it" : "them",
                        " unless the model should have ", one ? "that output" : "those outputs"));
   }
+  take_fingerprint();
 }
 
 const ImageFolderDataset::Sample& ImageFolderDataset::sample(int64_t index) const {

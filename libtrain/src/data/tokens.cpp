@@ -722,6 +722,10 @@ torch::Tensor TokenDataset::tokens(int64_t index) const {
 
 void TokenDataset::verify() const { file_->verify(); }
 
+uint64_t TokenDataset::fingerprint() const {
+  return Fingerprint().add(static_cast<int64_t>(file_->checksum())).add(file_->num_tokens()).add(samples_).value();
+}
+
 Example TokenDataset::get(int64_t index, uint64_t seed) const {
   torch::Tensor input = tokens(index);
   torch::Tensor target = torch::empty_like(input);

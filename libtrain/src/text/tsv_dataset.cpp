@@ -117,6 +117,15 @@ data::Batch TsvDataset::collate(std::vector<data::Example>&& examples) const {
   return batch;
 }
 
+uint64_t TsvDataset::fingerprint() const {
+  data::Fingerprint print;
+  for (const std::string& name : options_.classes) print.add(name);
+  print.add(ids_.data(), ids_.size() * sizeof(int32_t));
+  print.add(offsets_.data(), offsets_.size() * sizeof(int64_t));
+  print.add(labels_.data(), labels_.size() * sizeof(int64_t));
+  return print.value();
+}
+
 double TsvDataset::truncated_fraction() const {
   return labels_.empty() ? 0.0 : static_cast<double>(truncated_) / static_cast<double>(labels_.size());
 }

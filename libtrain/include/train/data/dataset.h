@@ -73,6 +73,26 @@ class Dataset {
   // token file's checksum), for `train check --data` (train/data/scan.h). DataError naming the
   // file; the default checks nothing.
   virtual void verify() const {}
+  // A number that changes when the samples change, as far as the dataset can tell without reading
+  // more than it reads to open (Fingerprint below): IDX, its images and labels; image_folder, its
+  // list of classes and files; tsv, its texts and labels; tokens, the file's checksum. Checkpoints
+  // record it, so that a run resumed on other data of the same size says so. 0 (the default):
+  // unknown, not compared.
+  virtual uint64_t fingerprint() const { return 0; }
+};
+
+// A 64-bit hash of what a dataset's samples come from, for Dataset::fingerprint: not
+// cryptographic, and fast enough for tens of megabytes when a dataset opens (8 bytes per
+// multiply). value() is never 0.
+class Fingerprint {
+ public:
+  Fingerprint& add(const void* data, size_t size);
+  Fingerprint& add(const std::string& text);  // with its length: ("ab", "c") differs from ("a", "bc")
+  Fingerprint& add(int64_t value);
+  uint64_t value() const;
+
+ private:
+  uint64_t hash_ = 0xcbf29ce484222325ULL;
 };
 
 using DatasetPtr = std::shared_ptr<const Dataset>;

@@ -57,6 +57,7 @@ class IdxDataset : public Dataset {
   std::vector<int64_t> input_shape() const override;
   int64_t num_classes() const override { return kIdxNumClasses; }
   std::string describe() const override;
+  uint64_t fingerprint() const override { return fingerprint_; }  // of the images and labels
 
   const torch::Tensor& images() const { return images_; }  // uint8 [N, 1, H, W]
   const torch::Tensor& labels() const { return labels_; }  // int64 [N]
@@ -73,6 +74,7 @@ class IdxDataset : public Dataset {
   std::array<float, 256> scaled_{};
   std::array<float, 256> normalized_{};
   bool normalize_only_ = false;
+  uint64_t fingerprint_ = 0;
 };
 
 }  // namespace train::data

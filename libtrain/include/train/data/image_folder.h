@@ -153,6 +153,7 @@ class ImageFolderDataset : public Dataset {
 
   const std::vector<std::string>& classes() const { return options_.classes; }
   std::vector<std::string> class_names() const override { return options_.classes; }
+  uint64_t fingerprint() const override { return fingerprint_; }  // of the classes and the files' names
   // The image file of sample `index` and its class index (-100 for options.files).
   std::string path(int64_t index) const;
   int64_t label(int64_t index) const;
@@ -169,6 +170,7 @@ class ImageFolderDataset : public Dataset {
 
   ImageFolderOptions options_;
   std::vector<Sample> samples_;
+  uint64_t fingerprint_ = 0;
   // A float input is level * scale_[c] - shift_[c] (resample_to_float).
   float scale_[3] = {0.0f, 0.0f, 0.0f};
   float shift_[3] = {0.0f, 0.0f, 0.0f};

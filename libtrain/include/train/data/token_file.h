@@ -136,6 +136,8 @@ class TokenFile {
   int64_t num_documents() const { return num_documents_; }
   int64_t vocab_size() const { return vocab_size_; }
   const SpecialTokens& special() const { return special_; }
+  // The checksum the header records (verify() checks it against the content).
+  uint64_t checksum() const { return checksum_; }
 
   // Token `position` of the corpus, 0 <= position < num_tokens. std::out_of_range otherwise;
   // DataError naming the file and position when the stored value is >= vocab_size.

@@ -139,6 +139,8 @@ class TokenDataset : public Dataset {
   int64_t pad_id() const override { return special_.pad; }
   // The token file's checksum (TokenFile::verify).
   void verify() const override;
+  // The header's checksum of the token file, with the sample length.
+  uint64_t fingerprint() const override;
 
   // Sample `index` before masking: [CLS] body [SEP] [PAD]..., int64 [T].
   torch::Tensor tokens(int64_t index) const;

@@ -51,6 +51,7 @@ class TsvDataset : public data::Dataset {
   const std::vector<int64_t>& labels() const { return labels_; }
   // Share of samples cut by max_length.
   double truncated_fraction() const;
+  uint64_t fingerprint() const override;  // of the encoded samples and labels
 
  private:
   void encode(const std::string& text, int64_t label);  // appends one sample
