@@ -229,6 +229,76 @@ TEST_CASE("library_use: a custom dataset trains into a run directory that does n
   files::remove_all(tmp);
 }
 
+// A module of the program's own that reads is_training() in its forward, as LibTorch's MNIST
+// example does.
+struct DropoutNetImpl : torch::nn::Module {
+  DropoutNetImpl() : fc(register_module("fc", torch::nn::Linear(64, 4))) {
+    register_parameter("scale", torch::ones({1}));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return fc->forward(torch::dropout(x.flatten(1), 0.5, is_training())) * named_parameters(false)["scale"];
+  }
+  torch::nn::Linear fc;
+};
+TORCH_MODULE(DropoutNet);
+
+TEST_CASE("library_use: from_module trains a torch::nn::Sequential or a module of one's own under its own names",
+          "[library_use]") {
+  const auto sequential = [] {
+    return torch::nn::Sequential(torch::nn::Flatten(), torch::nn::Linear(784, 16), torch::nn::BatchNorm1d(16),
+                                 torch::nn::ReLU(), torch::nn::Linear(16, 4));
+  };
+  {
+    torch::nn::Sequential seq = sequential();
+    const models::ModelPtr model = models::from_module(seq);
+    std::vector<std::string> names, expected;
+    for (const auto& p : model->named_parameters()) names.push_back(p.key());
+    for (const auto& p : seq->named_parameters()) expected.push_back(p.key());
+    CHECK(names == expected);  // "1.weight", ... as in Python
+    CHECK(model->named_buffers().size() == seq->named_buffers().size());
+    CHECK(model->has_batch_stats());
+    CHECK_FALSE(model->is_convolutional());
+    CHECK(models::from_module(torch::nn::Sequential(torch::nn::Conv2d(1, 2, 3)))->is_convolutional());
+    const torch::Tensor x = torch::randn({5, 1, 28, 28});
+    model->eval();
+    CHECK_FALSE(seq[2]->is_training());
+    CHECK(torch::equal(model->forward(x), seq->forward(x)));
+  }
+  {  // the module's own flag: its forward reads is_training()
+    const DropoutNet net;
+    const models::ModelPtr model = models::from_module(net);
+    CHECK(model->named_parameters().contains("scale"));
+    CHECK(model->named_parameters().contains("fc.weight"));
+    model->eval();
+    CHECK_FALSE(net->is_training());
+    const torch::Tensor x = torch::randn({3, 1, 8, 8});
+    CHECK(torch::equal(model->forward(x), model->forward(x)));  // no dropout in eval mode
+    model->train();
+    CHECK(net->is_training());
+  }
+  // Through the registry, a run and its checkpoint, which a fresh Sequential loads by its names.
+  const std::string tmp = files::make_temp_directory("train_test_from_module_");
+  models::register_model("test_sequential", [&](const ModelConfig&) { return models::from_module(sequential()); },
+                         "a Sequential");
+  const Config config = parse_config(
+      "model: {name: test_sequential, in_channels: 1, num_classes: 4}\n"
+      "data: {kind: custom, workers: 0}\n"
+      "trainer: {global_batch: 8, max_steps: 3, device: cpu}\n"
+      "tuning: {cache_dir: " + files::join(tmp, "cache") + "}\n",
+      "from_module.yaml");
+  RunOptions options;
+  options.train_data = std::make_shared<Brightness>();
+  options.val_data = options.train_data;
+  RunParts run = prepare_run(config, options);
+  FitOptions fit;
+  fit.run_dir = files::join(tmp, "run");
+  REQUIRE(fit_in_run_dir(config, run, fit).exit_code == kExitOk);
+  const models::ModelPtr loaded = models::from_module(sequential());
+  load_model_weights(latest_checkpoint(files::join(fit.run_dir, "checkpoints")), *loaded);
+  for (const auto& p : run.model->named_parameters()) CHECK(torch::equal(p.value(), loaded->named_parameters()[p.key()]));
+  files::remove_all(tmp);
+}
+
 // examples/resnet/main.cpp, the README's snippet written out, run where nothing exists yet.
 TEST_CASE("library_use: resnet_example trains from an empty directory", "[library_use][process]") {
   const std::string example = std::string(TRAIN_BINARY_DIR) + "/bin/resnet_example";

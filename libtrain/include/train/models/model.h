@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace train {
@@ -83,6 +84,36 @@ class Model : public torch::nn::Module {
 };
 
 using ModelPtr = std::shared_ptr<Model>;
+
+// A LibTorch module you already have (a torch::nn::Sequential, your own Module with a
+// forward(Tensor)), as a Model for the trainer, without a class of your own:
+//
+//   train::models::register_model("my_net", [](const train::ModelConfig& c) {
+//     return train::models::from_module(torch::nn::Sequential(torch::nn::Flatten(), torch::nn::Linear(784, 10)));
+//   }, "my network");
+//
+// The Model holds the module's parameters, buffers and submodules under the module's own names
+// (a Sequential's "0.weight", as in Python), so checkpoints, `train export` and model.init_from
+// see the module's state dict; train() and eval() reach the module too (its forward may read
+// is_training()). has_batch_stats() and is_convolutional() are read off the submodules (a
+// BatchNorm, a 2-d convolution); the options say the rest.
+struct ModuleModelOptions {
+  bool capturable = false;   // Model::capturable: the forward never waits for the GPU
+  std::string architecture;  // Model::architecture: settings the shapes do not show
+};
+ModelPtr from_module(std::shared_ptr<torch::nn::Module> module,
+                     std::function<torch::Tensor(const torch::Tensor&)> forward, ModuleModelOptions options = {});
+template <typename M>
+ModelPtr from_module(std::shared_ptr<M> module, ModuleModelOptions options = {}) {
+  std::function<torch::Tensor(const torch::Tensor&)> forward = [m = module.get()](const torch::Tensor& x) {
+    return m->forward(x);
+  };
+  return from_module(std::static_pointer_cast<torch::nn::Module>(module), std::move(forward), std::move(options));
+}
+template <typename Holder, typename = decltype(std::declval<const Holder&>().ptr())>
+ModelPtr from_module(const Holder& holder, ModuleModelOptions options = {}) {  // torch::nn::Sequential, Linear, ...
+  return from_module(holder.ptr(), std::move(options));
+}
 using ModelBuilder = std::function<ModelPtr(const ModelConfig&)>;
 
 // Registry. Built-in models are registered on first use; users may add their own. A name that is
