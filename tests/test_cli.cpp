@@ -208,6 +208,28 @@ TEST_CASE("cli: a full disk while the run writes its config.yaml leaves no run d
   CHECK(cli({"fit", cfg, "--run-dir", run_dir}) == train::kExitOk);
 }
 
+TEST_CASE("cli: a torchrun restart without --resume auto is refused with the way to continue", "[cli]") {
+  TempDir tmp("torchrun_restart");
+  const std::string cfg = tmp.write("run.yaml", kSynthetic);
+  const std::string run_dir = tmp / "run";
+  REQUIRE(cli({"fit", cfg, "--run-dir", run_dir}) == train::kExitOk);  // the first attempt's checkpoints
+  // torchrun's second attempt, as one rank of one.
+  ::setenv("RANK", "0", 1);
+  ::setenv("WORLD_SIZE", "1", 1);
+  ::setenv("TORCHELASTIC_RESTART_COUNT", "1", 1);
+  int rc = -1;
+  const std::string err = stderr_of([&] { rc = cli({"fit", cfg, "--run-dir", run_dir}); });
+  const int resumed = cli({"fit", cfg, "--run-dir", run_dir, "--resume", "auto"});
+  ::unsetenv("RANK");
+  ::unsetenv("WORLD_SIZE");
+  ::unsetenv("TORCHELASTIC_RESTART_COUNT");
+  CHECK(rc == train::kExitInvalid);
+  CHECK_THAT(err, Catch::Contains("already holds checkpoints") &&
+                      Catch::Contains("This is torchrun's restart 1 (TORCHELASTIC_RESTART_COUNT): restarts continue the "
+                                      "run only when the command has --resume auto"));
+  CHECK(resumed == train::kExitOk);
+}
+
 TEST_CASE("cli: a run directory in use by another run is refused before anything in it changes", "[cli]") {
   TempDir tmp("lock");
   const std::string cfg = tmp.write("run.yaml", kSynthetic);

@@ -469,6 +469,17 @@ TEST_CASE("environment variables of torchrun, Slurm and Open MPI", "[dist]") {
   CHECK(hydra.rank == 1);
   CHECK(hydra.local_world_size == 2);
   CHECK(hydra.master_addr == "127.0.0.1");
+  // Hydra inside a Slurm step (its per-node helpers start with srun): the step's variables describe
+  // the helpers, not the ranks.
+  const dist::Env hydra_in_slurm =
+      from({{"PMI_RANK", "3"}, {"PMI_SIZE", "4"}, {"MPI_LOCALRANKID", "1"}, {"MPI_LOCALNRANKS", "2"},
+            {"SLURM_JOB_ID", "77"}, {"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "1"}, {"SLURM_LOCALID", "0"},
+            {"SLURM_STEP_NUM_TASKS", "2"}, {"SLURM_STEP_TASKS_PER_NODE", "1(x2)"}, {"MASTER_ADDR", "n01"}});
+  CHECK(hydra_in_slurm.launcher == "mpiexec");
+  CHECK(hydra_in_slurm.rank == 3);
+  CHECK(hydra_in_slurm.world_size == 4);
+  // A variable set but empty (a script's unfilled RANK=) is an error, not "unset".
+  CHECK_THROWS_WITH(from({{"RANK", ""}, {"WORLD_SIZE", "2"}}), Catch::Contains("RANK is set but empty"));
 
   // RANK and WORLD_SIZE alone: one host when the store is here, one rank per host when it is not
   // (a pod per rank), and a question when only LOCAL_RANK says how the ranks are spread.
@@ -1141,6 +1152,82 @@ TEST_CASE("checkpoint.every_minutes on 2 ranks: rank 0's clock decides, and ever
   CHECK(results[0].steps == 3);
   CHECK(results[1].steps == 3);
   CHECK(list_checkpoints(files::join(run_dir, "checkpoints")).size() == 3);
+  files::remove_all(dir);
+}
+
+TEST_CASE("ranks given different configs or different data refuse to train, naming what differs",
+          "[dist][process][bad_input]") {
+  // A rank with another step count met the others' collectives out of step (a hang until
+  // distributed.timeout_s); one with a partial copy of the data trained on silently, or crashed in
+  // Gloo ("Received data size doesn't match expected size").
+  const std::string dir = files::make_temp_directory("train_ddp_mismatch_");
+  const std::string config = files::join(dir, "run.yaml");
+  std::ofstream(config) << "model: {name: mlp, in_channels: 1, num_classes: 10}\n"
+                           "data: {kind: synthetic, channels: 1, image_size: 28, synthetic_train_samples: 256,"
+                           " synthetic_val_samples: 32, workers: 0}\n"
+                           "trainer: {global_batch: 16, max_steps: 12, device: cpu, threads: 1}\n"
+                           "distributed: {timeout_s: 30}\n"
+                           "logging: {tensorboard: false}\n";
+  // Two copies of some IDX data, 64 images of 28x28: the same size, one label apart.
+  const auto write_idx = [&](const std::string& root, bool changed) {
+    files::make_directories(root);
+    const auto be32 = [](std::ofstream& out, uint32_t v) {
+      const char bytes[4] = {char(v >> 24), char(v >> 16), char(v >> 8), char(v)};
+      out.write(bytes, 4);
+    };
+    for (const char* split : {"train", "t10k"}) {
+      std::ofstream images(files::join(root, std::string(split) + "-images-idx3-ubyte"), std::ios::binary);
+      be32(images, 0x803);
+      for (const uint32_t d : {64u, 28u, 28u}) be32(images, d);
+      for (int i = 0; i < 64 * 28 * 28; ++i) images.put(static_cast<char>((i * 7) % 256));
+      std::ofstream labels(files::join(root, std::string(split) + "-labels-idx1-ubyte"), std::ios::binary);
+      be32(labels, 0x801);
+      be32(labels, 64);
+      for (int i = 0; i < 64; ++i) labels.put(static_cast<char>((i + (changed && i == 5 ? 1 : 0)) % 10));
+    }
+  };
+  write_idx(files::join(dir, "data_a"), false);
+  write_idx(files::join(dir, "data_b"), true);
+  const std::vector<std::string> idx = {"--set", "data.kind=idx", "--set", "data.root=" + files::join(dir, "data_a")};
+  struct Case {
+    const char* name;
+    std::vector<std::string> rank0_args, rank1_args;  // --set ... each rank adds
+    int exit_code;
+    std::string rank0_says, rank1_says;
+  };
+  const Case cases[] = {
+      {"steps", {}, {"--set", "trainer.max_steps=24"}, 2,
+       "key 'trainer.max_steps' differs between the ranks (rank 0 has 12)",
+       "key 'trainer.max_steps' differs between the ranks (rank 1 has 24)"},
+      {"buckets", {}, {"--set", "distributed.bucket_mb=1"}, 2,
+       "key 'distributed.bucket_mb' differs between the ranks (rank 0 has",
+       "key 'distributed.bucket_mb' differs between the ranks (rank 1 has 1"},
+      {"data", idx, {"--set", "data.kind=idx", "--set", "data.root=" + files::join(dir, "data_b")}, 1,
+       "the training set's content differs between the ranks (rank 0 has fingerprint",
+       "the training set's content differs between the ranks (rank 1 has fingerprint"},
+  };
+  for (const Case& c : cases) {
+    DYNAMIC_SECTION(c.name) {
+      const std::string run_dir = files::join(dir, c.name);
+      auto ranks = spawn_fit_ranks(dir, 2, [&](int r) -> std::vector<std::string> {
+        std::vector<std::string> args = {config, "--run-dir", run_dir};
+        const std::vector<std::string>& more = r == 0 ? c.rank0_args : c.rank1_args;
+        args.insert(args.end(), more.begin(), more.end());
+        return args;
+      });
+      for (size_t r = 0; r < ranks.size(); ++r) {
+        const int rc = wait_for(ranks[r], 60);
+        const std::string out = slurp(ranks[r].log);
+        INFO(out);
+        CHECK(rc == c.exit_code);
+        CHECK_THAT(out, Catch::Contains(r == 0 ? c.rank0_says : c.rank1_says));
+      }
+      for (const auto& p : ranks) {
+        if (running(p.pid)) kill_and_reap(p);
+      }
+      CHECK_FALSE(files::exists(run_dir));  // bad input: nothing left behind
+    }
+  }
   files::remove_all(dir);
 }
 

@@ -101,6 +101,15 @@ TEST_CASE("plan: device-dependent decisions", "[plan]") {
   const Plan oversubscribed = make_plan(many, cpu_profile(2), conv);
   CHECK(oversubscribed.threads == 64);
   CHECK_THAT(oversubscribed.to_text(), Catch::Contains("64 threads on 2 cores: threads that wait for a core"));
+  // OMP_NUM_THREADS (torchrun sets 1 for every rank) is not the thread count; the plan says so.
+  DeviceProfile omp = cpu_profile(2);
+  omp.omp_num_threads = "1";
+  const Plan with_omp = make_plan(c, omp, conv);
+  CHECK(with_omp.threads == 2);
+  CHECK_THAT(with_omp.to_text(), Catch::Contains("2 cores available to this process; OMP_NUM_THREADS=1 is not read: "
+                                                 "set trainer.threads to use fewer"));
+  omp.omp_num_threads = "2";
+  CHECK_THAT(make_plan(c, omp, conv).to_text(), !Catch::Contains("OMP_NUM_THREADS"));
 
   const Plan a100 = make_plan(c, gpu_profile(8), conv);
   CHECK(a100.tf32);

@@ -179,9 +179,18 @@ int cmd_fit(const CommonArgs& args, const std::string& run_dir, const std::strin
     fit.run_dir = run_dir.empty() ? default_run_dir(args.config) : run_dir;
     fit.resume = resume;
     fit.keep_stop_signals = &stop_signals;  // kept until the error, if any, is reported
-    check_fit_options(config, fit);
     RunOptions options;
     options.env = dist::detect_env();
+    try {
+      check_fit_options(config, fit);
+    } catch (const UsageError& e) {
+      // torchrun --max-restarts starts the ranks again with the same command line: without
+      // --resume auto every restart meets the checkpoints of the attempt before.
+      if (options.env.restart == 0 || !resume.empty()) throw;
+      throw UsageError(log::str(e.what(), ". This is torchrun's restart ", options.env.restart,
+                                " (TORCHELASTIC_RESTART_COUNT): restarts continue the run only when the command has "
+                                "--resume auto"));
+    }
     log::set_rank(static_cast<int>(options.env.rank));
     RunParts run = prepare_run(config, options);
     return fit_in_run_dir(config, run, fit).exit_code;

@@ -1641,6 +1641,12 @@ std::vector<ConfigChange> config_changes(const Config& before, const Config& aft
   return changes;
 }
 
+std::vector<ConfigValue> config_values(const Config& config) {
+  std::vector<ConfigValue> values;
+  for (const Key& key : schema()) values.push_back({key.path, format_value(key.get(config)), key.on_resume});
+  return values;
+}
+
 std::string to_yaml(const Config& config) {
   // Trailing comments are aligned per section, but long values do not push them further out.
   constexpr size_t kMaxAlignedWidth = 40;

@@ -288,6 +288,7 @@ DeviceProfile host_profile() {
   DeviceProfile p;
   p.torch_version = compat::torch_version();
   p.cpu_cores = available_cores();
+  if (const char* omp = std::getenv("OMP_NUM_THREADS")) p.omp_num_threads = omp;
   p.cpu_isa = cpu_isa("/proc/cpuinfo");
   p.blas = blas_in_use();
   p.onednn = at::hasMKLDNN();

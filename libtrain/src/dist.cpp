@@ -26,10 +26,16 @@ namespace {
 
 using Getenv = std::function<const char*(const char*)>;
 
-// Value of an integer variable; `fallback` when unset; UsageError naming it when malformed.
+// Value of an integer variable; `fallback` when unset; UsageError naming it when malformed or set
+// but empty (RANK= in a script whose variable was never filled in: taking it as unset made every
+// such process rank 0, and the second one's error was about a port in use).
 int64_t env_int(const Getenv& get, const char* name, int64_t fallback, int64_t min_value) {
   const char* raw = get(name);
-  if (raw == nullptr || *raw == '\0') return fallback;
+  if (raw == nullptr) return fallback;
+  if (*raw == '\0') {
+    throw UsageError(std::string("environment variable ") + name + " is set but empty; give it an integer >= " +
+                     std::to_string(min_value) + ", or unset it");
+  }
   char* end = nullptr;
   errno = 0;
   const long long v = std::strtoll(raw, &end, 10);
@@ -213,7 +219,7 @@ Env detect_env(const Getenv& get) {
     const std::string job = env_str(get, "OMPI_MCA_ess_base_jobid", "");
     if (!job.empty()) e.job = "ompi-" + job;
     check_ranks(e, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE");
-  } else if (get("PMI_RANK") != nullptr && get("MPI_LOCALNRANKS") != nullptr && !slurm_step) {
+  } else if (get("PMI_RANK") != nullptr && get("MPI_LOCALNRANKS") != nullptr) {
     // MPICH's and Intel MPI's mpiexec (Hydra).
     e.launcher = "mpiexec";
     e.world_size = env_int(get, "PMI_SIZE", 1, 1);

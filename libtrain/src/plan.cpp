@@ -430,10 +430,15 @@ Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInpu
                                        " cores: threads that wait for a core slow every operation down; leave "
                                        "trainer.threads at 0 for one per core"));
   }
+  std::string omp;  // a thread count the environment asks for, which a PyTorch user expects obeyed
+  if (config.trainer.threads == 0 && !device.omp_num_threads.empty() &&
+      device.omp_num_threads != std::to_string(plan.threads)) {
+    omp = "; OMP_NUM_THREADS=" + device.omp_num_threads + " is not read: set trainer.threads to use fewer";
+  }
   decide("threads", std::to_string(plan.threads),
          config.trainer.threads > 0 ? "trainer.threads"
-         : sharing > 1 ? log::str(device.cpu_cores, " cores available / ", sharing, " ranks on this host")
-                       : std::to_string(device.cpu_cores) + " cores available to this process",
+         : sharing > 1 ? log::str(device.cpu_cores, " cores available / ", sharing, " ranks on this host", omp)
+                       : std::to_string(device.cpu_cores) + " cores available to this process" + omp,
          std::move(thread_warnings));
 
   const HostMallocState heap = host_malloc_state();

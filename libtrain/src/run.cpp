@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <limits>
@@ -420,8 +421,60 @@ MemoryEvidence gather_evidence(const Config& config, const DeviceProfile& device
 // Every rank resolves its own plan from its own device and probe; they must run the same one.
 // The micro-batch becomes the smallest any rank chose (it divides the same per-rank batch
 // everywhere), and then every number that shapes the collectives must match.
+// The keys besides the trajectory's that every rank must share: they decide when the ranks meet
+// (evaluations, checkpoints, logged rows, early stops, rollbacks, out-of-memory redos) and how the
+// gradients travel (the buckets of the all-reduce).
+constexpr const char* kCollectiveKeys[] = {
+    "trainer.eval_every_steps", "trainer.eval_batch",     "trainer.early_stop_patience",
+    "trainer.early_stop_min_delta", "trainer.on_nonfinite", "trainer.max_rollbacks",
+    "tuning.oom_recovery",      "tuning.cuda_graphs",     "checkpoint.every_steps",
+    "checkpoint.best",          "logging.every_steps",    "distributed.backend",
+    "distributed.bucket_mb",    "distributed.first_bucket_mb", "distributed.find_unused_parameters"};
+
+// A value's text as a number the ranks can compare with one collective (a 64-bit hash).
+int64_t text_hash(const std::string& text) { return static_cast<int64_t>(data::Fingerprint().add(text).value()); }
+
 void agree_across_ranks(Plan& plan, const Config& config, const DeviceProfile& device, PlanInputs inputs,
-                        dist::Group& group) {
+                        const data::Dataset* train, const data::Dataset* val, dist::Group& group) {
+  // First what must be the same before any plan is compared: the config the ranks train by and
+  // their data. A rank given another config, or a partial copy of the data, would otherwise train
+  // on (silently wrong), or fail in a collective that does not match (a crash, or a hang until
+  // distributed.timeout_s) with no word of the cause.
+  {
+    std::vector<std::string> what, have;
+    std::vector<int64_t> numbers;
+    for (const ConfigValue& v : config_values(config)) {
+      const bool collective = std::any_of(std::begin(kCollectiveKeys), std::end(kCollectiveKeys),
+                                          [&v](const char* key) { return v.key == key; });
+      if (v.on_resume != OnResume::Trajectory && !collective) continue;
+      what.push_back("key '" + v.key + "'");
+      have.push_back(v.value);
+      numbers.push_back(text_hash(v.value));
+    }
+    const auto data_entry = [&](const char* name, const data::Dataset* d) {
+      what.push_back(name);
+      have.push_back(d == nullptr ? std::string("none")
+                                  : log::str(d->size(), " samples (", d->describe(), ")"));
+      numbers.push_back(d == nullptr ? -1 : d->size());
+      if (d == nullptr || d->fingerprint() == 0) return;
+      what.push_back(std::string(name) + "'s content");
+      char hex[17];
+      std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(d->fingerprint()));
+      have.push_back(log::str("fingerprint ", hex, " of ", d->describe()));
+      numbers.push_back(static_cast<int64_t>(d->fingerprint()));
+    };
+    data_entry("the training set", train);
+    data_entry("the validation set", val);
+    const auto ranges = group.ranges(numbers);
+    for (size_t i = 0; i < numbers.size(); ++i) {
+      if (ranges[i].first == ranges[i].second) continue;
+      const std::string message = log::str("distributed: ", what[i], " differs between the ranks (rank ", group.rank(),
+                                           " has ", have[i], "); every rank must train on the same config and the "
+                                           "same data (a copy of the data on each node must be complete)");
+      if (what[i].rfind("key '", 0) == 0) throw ConfigError(message);
+      throw DataError(message);
+    }
+  }
   const int64_t mine = plan.micro_batch;
   const int64_t agreed = group.reduce_int(mine, dist::ReduceOp::Min);
   if (agreed != mine) {
@@ -720,7 +773,7 @@ RunParts prepare_run_unlocated(const Config& config, const RunOptions& options) 
     // the plan cache waits in the agreement's first collective.
     r.group->wait_for_all("measuring memory for the plan", config.distributed.init_timeout_s,
                           "distributed.init_timeout_s");
-    agree_across_ranks(r.plan, config, r.device, inputs, *r.group);
+    agree_across_ranks(r.plan, config, r.device, inputs, r.train.get(), r.val.get(), *r.group);
   }
   if (config.tuning.micro_batch == 0 && config.tuning.probe && env.rank == 0) {
     // A micro-batch that ran out of memory during training caps the next run's plan.

@@ -304,6 +304,13 @@ struct ConfigChange {
 };
 // Every key that differs, in the reference's order.
 std::vector<ConfigChange> config_changes(const Config& before, const Config& after);
+// Every key's value as to_yaml writes it, in the reference's order.
+struct ConfigValue {
+  std::string key;
+  std::string value;
+  OnResume on_resume = OnResume::Trajectory;
+};
+std::vector<ConfigValue> config_values(const Config& config);
 
 // The fully resolved config (every key, defaults filled in) as YAML that parse_config accepts.
 // Its first line starts with kResolvedConfigHeader.

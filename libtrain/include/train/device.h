@@ -35,6 +35,10 @@ struct DeviceProfile {
   bool bf16 = false;              // native bf16 tensor cores (cc >= 8.0)
   bool tf32 = false;              // TF32 tensor cores (cc >= 8.0)
   int cpu_cores = 1;              // cores available to this process (affinity + cgroup quota)
+  // OMP_NUM_THREADS as the environment gives it ("" when unset). train does not read it as a
+  // thread count (torchrun sets it to 1 for every rank of a multi-rank job, which would leave
+  // CPU training one core per rank); trainer.threads caps the threads, and the plan says so.
+  std::string omp_num_threads;
   std::string cpu_isa;            // e.g. "avx512f avx2"; "" when unknown
   std::string blas;               // BLAS library LibTorch calls on CPU
   bool onednn = false;            // this LibTorch runs CPU convolutions with oneDNN (MKL-DNN)
