@@ -1231,6 +1231,78 @@ TEST_CASE("ranks given different configs or different data refuse to train, nami
   files::remove_all(dir);
 }
 
+TEST_CASE("the rendezvous roll call: ranks of one host counted, a WORLD_SIZE that differs and a rank taken twice named",
+          "[dist][process]") {
+  const std::string dir = files::make_temp_directory("train_ddp_roll_call_");
+  const std::string config = files::join(dir, "run.yaml");
+  std::ofstream(config) << "model: {name: mlp, in_channels: 1, num_classes: 10}\n"
+                           "data: {kind: synthetic, channels: 1, image_size: 28, synthetic_train_samples: 256,"
+                           " synthetic_val_samples: 32, workers: 0}\n"
+                           "trainer: {global_batch: 16, max_steps: 4, device: cpu}\n"
+                           "distributed: {init_timeout_s: 30}\n"
+                           "logging: {tensorboard: false}\n";
+  char host[256] = {};
+  REQUIRE(::gethostname(host, sizeof(host) - 1) == 0);
+  const auto ranks = [&](const std::string& name, int world, const std::string& master,
+                         const std::function<std::map<std::string, std::string>(int)>& more, int64_t steps) {
+    const int port = free_port();
+    std::vector<Proc> procs;
+    for (int r = 0; r < world; ++r) {
+      std::map<std::string, std::string> env = {{"RANK", std::to_string(r)}, {"WORLD_SIZE", std::to_string(world)},
+                                                {"MASTER_ADDR", master}, {"MASTER_PORT", std::to_string(port)}};
+      for (const auto& [k, v] : more(r)) env[k] = v;
+      procs.push_back(spawn({kTrain, "fit", config, "--run-dir", files::join(dir, name), "--set",
+                             "trainer.max_steps=" + std::to_string(steps)},
+                            env, files::join(dir, name + std::to_string(r) + ".log")));
+    }
+    return std::make_pair(procs, port);
+  };
+  const auto none = [](int) { return std::map<std::string, std::string>{}; };
+  SECTION("MASTER_ADDR is this host's name: the ranks here are counted, and share its cores") {
+    // It read as one rank per host: each rank took every core.
+    auto [procs, port] = ranks("host", 2, host, none, 4);
+    for (const auto& p : procs) {
+      const int rc = wait_for(p, 120);
+      INFO(slurp(p.log));
+      CHECK(rc == 0);
+    }
+    CHECK_THAT(slurp(procs[0].log), Catch::Contains("distributed: 2 ranks share this host (" + std::string(host) + ")") &&
+                                        Catch::Contains(" ranks on this host"));
+  }
+  SECTION("WORLD_SIZE differs from rank 0's: both ranks say so at once") {
+    auto [procs, port] = ranks("world", 2, "127.0.0.1", [](int r) {
+      return std::map<std::string, std::string>{{"WORLD_SIZE", r == 0 ? "2" : "3"}};
+    }, 4);
+    for (const auto& p : procs) {
+      const int rc = wait_for(p, 60);
+      INFO(slurp(p.log));
+      CHECK(rc == 1);
+      CHECK_THAT(slurp(p.log), Catch::Contains("rank 1 has WORLD_SIZE=3 but rank 0 has WORLD_SIZE=2"));
+    }
+  }
+  SECTION("a second job's rank on the same MASTER_PORT stops at once; the first job goes on") {
+    // It joined the first job's store and waited in Gloo's connect, silent, past every timeout.
+    auto [procs, port] = ranks("first", 2, "127.0.0.1", none, 100000);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (slurp(files::join(dir, "first/metrics.jsonl")).find("\"step\":") == std::string::npos &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    auto intruder = spawn({kTrain, "fit", config, "--run-dir", files::join(dir, "second")},
+                          {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"},
+                           {"MASTER_PORT", std::to_string(port)}},
+                          files::join(dir, "second.log"));
+    const int rc = wait_for(intruder, 60);
+    INFO(slurp(intruder.log));
+    CHECK(rc == 1);
+    CHECK_THAT(slurp(intruder.log), Catch::Contains("another process joined the rendezvous at 127.0.0.1:" +
+                                                    std::to_string(port) + " as rank 1 already"));
+    for (const auto& p : procs) CHECK(running(p.pid));
+    for (const auto& p : procs) kill_and_reap(p);
+  }
+  files::remove_all(dir);
+}
+
 TEST_CASE("ranks that resume from different steps stop with the reason", "[dist][process][resume]") {
   // Each rank finds its own latest checkpoint: here rank 0's run directory has one and rank 1's
   // is empty, as with run directories that are not shared between hosts.

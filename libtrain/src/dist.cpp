@@ -159,6 +159,71 @@ std::chrono::milliseconds millis(double seconds) {
   return std::chrono::milliseconds(std::max<int64_t>(1, static_cast<int64_t>(std::ceil(seconds * 1000.0))));
 }
 
+std::string store_text(c10d::Store& store, const std::string& key) {
+  const std::vector<uint8_t> bytes = store.get(key);  // waits for the key, up to the store's timeout
+  return std::string(bytes.begin(), bytes.end());
+}
+
+// Before the backend connects, every rank says who it is in the store, so that what would
+// otherwise hang in the backend's connect, or train with the wrong thread count, is an error or a
+// correction at once:
+//  - a rank number taken twice: two jobs started by hand on one MASTER_PORT (their keys are the
+//    same, no launcher names the job), or one RANK given to two processes. The second stops; the
+//    job it reached goes on;
+//  - WORLD_SIZE that differs from rank 0's;
+//  - how many ranks share this host, where no variable said (RANK and WORLD_SIZE alone, with
+//    MASTER_ADDR this host's name or address): threads and workers are divided among them, and on
+//    GPUs, where each local rank takes its own device, a wrong guess is an error naming the fix.
+// A rank that finds a problem posts it as the verdict, which every other rank then reports.
+void roll_call(c10d::Store& store, Env& env, bool cuda, double timeout_s) {
+  const std::string me = std::to_string(env.rank);
+  if (store.add("taken/" + me, 1) > 1) {
+    throw Error(log::str("distributed: another process joined the rendezvous at ", env.master_addr, ":",
+                         env.master_port, " as rank ", env.rank, " already (", env.launcher, "): two jobs on one "
+                         "MASTER_PORT, or one RANK given to two processes; give each job its own MASTER_PORT"));
+  }
+  const auto post = [&store](const std::string& verdict) {
+    store.set("verdict", std::vector<uint8_t>(verdict.begin(), verdict.end()));
+  };
+  try {
+    if (env.rank == 0) {
+      const std::string w = std::to_string(env.world_size);
+      store.set("world_size", std::vector<uint8_t>(w.begin(), w.end()));
+    } else if (const std::string w = store_text(store, "world_size"); w != std::to_string(env.world_size)) {
+      const std::string verdict = log::str("distributed: rank ", env.rank, " has WORLD_SIZE=", env.world_size,
+                                           " but rank 0 has WORLD_SIZE=", w, "; give every rank the same");
+      post(verdict);
+      throw Error(verdict);
+    }
+    char name[256] = {};
+    if (::gethostname(name, sizeof(name) - 1) != 0) std::snprintf(name, sizeof(name), "unknown");
+    store.add(std::string("host/") + name, 1);
+    if (store.add("arrived", 1) == env.world_size) post("ok");
+    const std::string verdict = store_text(store, "verdict");
+    if (verdict != "ok") throw Error(verdict);
+    const int64_t here = store.add(std::string("host/") + name, 0);
+    if (env.local_inferred && here != env.local_world_size) {
+      if (cuda) {
+        throw UsageError(log::str("distributed: ", here, " ranks run on this host (", name, "), but nothing says "
+                                  "which GPU each takes: RANK and WORLD_SIZE alone, with MASTER_ADDR=",
+                                  env.master_addr, ", read as ", env.local_world_size == 1 ? "one rank per host" : "every rank on this host",
+                                  "; set LOCAL_RANK and LOCAL_WORLD_SIZE for each rank (torchrun sets them)"));
+      }
+      log::info(log::str("distributed: ", here, " ranks share this host (", name, "); the CPU threads and loader "
+                         "workers are divided among them (LOCAL_WORLD_SIZE was not set)"));
+      env.local_world_size = here;
+      env.local_rank = std::min(env.local_rank, here - 1);
+    }
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    throw Error(log::str("distributed: rank ", env.rank, " waited distributed.init_timeout_s = ", timeout_s,
+                         " s for the other ranks to report at the rendezvous (", env.launcher, "): ",
+                         what.substr(0, what.find('\n'))));
+  }
+}
+
 }  // namespace
 
 std::string Env::describe() const {
@@ -199,10 +264,13 @@ Env detect_env(const Getenv& get) {
       // Every rank meets on this host: they all run here.
       e.local_world_size = e.world_size;
       e.local_rank = env_int(get, "LOCAL_RANK", e.rank, 0);
+      e.local_inferred = get("LOCAL_RANK") == nullptr;
     } else if (get("LOCAL_RANK") == nullptr) {
-      // One rank per host (a Kubernetes pod per rank, say): the store is on another host.
+      // One rank per host (a Kubernetes pod per rank, say): the store is on another host. (Or
+      // MASTER_ADDR names this host: the roll call in Group::create counts the ranks here.)
       e.local_world_size = 1;
       e.local_rank = 0;
+      e.local_inferred = true;
     } else {
       throw UsageError("LOCAL_RANK is set but LOCAL_WORLD_SIZE is not, and MASTER_ADDR=" +
                        env_str(get, "MASTER_ADDR", "") +
@@ -422,6 +490,8 @@ std::shared_ptr<Group> Group::create(const Env& env, const DistributedConfig& co
                          " s (", env.launcher, "): ", what.substr(0, what.find('\n'))));
   }
 
+  roll_call(*impl->store, impl->env, impl->device.is_cuda(), config.init_timeout_s);
+
   // ---- backend ----
   const auto timeout = millis(config.timeout_s);
   try {
@@ -430,7 +500,7 @@ std::shared_ptr<Group> Group::create(const Env& env, const DistributedConfig& co
       const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
       if (ifname != nullptr && *ifname != '\0') {
         options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
-      } else if (env.local_world_size == env.world_size) {
+      } else if (impl->env.local_world_size == impl->env.world_size) {  // (as the roll call found)
         options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
       } else {
         options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());

@@ -250,7 +250,7 @@ FitReport train_in_run_dir(const Config& config, RunParts& run, const std::strin
   }
   std::optional<detail::RunDirSnapshot> before;
   std::optional<detail::RunDirLock> lock;
-  if (leader) {
+  if (leader) try {
     before.emplace(run_dir);
     // Locked before anything is written; a run that cannot take the lock changes nothing.
     files::make_directories(run_dir);
@@ -266,6 +266,11 @@ FitReport train_in_run_dir(const Config& config, RunParts& run, const std::strin
       throw UsageError("run directory " + run_dir + " now holds checkpoints (another run wrote them); continue it "
                        "(--resume auto, FitOptions::resume \"auto\"), or start a new run in another directory");
     }
+  } catch (const Error& e) {
+    // The other ranks learn why instead of "connection reset by peer" in their next collective.
+    // (The directory is another run's, or as it was: nothing to put back.)
+    if (run.group && run.group->size() > 1) run.group->post_failure(e.exit_code(), is_bad_input(e), e.what());
+    throw;
   }
   // Until the run directory's own files are written, a failure of any kind leaves nothing behind:
   // a train.log that could not be written (a full disk) would not say why the run stopped.
@@ -338,7 +343,7 @@ FitReport train_in_run_dir(const Config& config, RunParts& run, const std::strin
       log::set_file("");
       log::warn("the run stopped before its first checkpoint; " + before->restore());
     }
-    if (peer) {
+    if (peer && peer->message != e.what()) {  // (the same finding on every rank needs no second telling)
       throw Error(log::str("rank ", peer->rank, " stopped first: ", peer->message, "\n(rank ", run.group->rank(),
                            " then failed with: ", e.what(), ")"),
                   peer->exit_code);

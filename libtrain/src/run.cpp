@@ -737,7 +737,8 @@ RunParts prepare_run_unlocated(const Config& config, const RunOptions& options) 
   inputs.rank = env.rank;
   // `train plan --world-size N` plans N ranks on one host unless --local-world-size says fewer
   // share it (several hosts): threads and workers divide this host's cores among them.
-  inputs.local_world_size = options.plan_world_size == 0         ? env.local_world_size
+  // (The roll call corrects the local world size that RANK and WORLD_SIZE alone leave to a guess.)
+  inputs.local_world_size = options.plan_world_size == 0         ? (r.group ? r.group->env() : env).local_world_size
                             : options.plan_local_world_size > 0 ? options.plan_local_world_size
                                                                 : options.plan_world_size;
   inputs.model_params = models::count_parameters(*r.model);

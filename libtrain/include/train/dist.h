@@ -44,6 +44,9 @@ struct Env {
   int64_t restart = 0;            // torchrun's TORCHELASTIC_RESTART_COUNT: keys of earlier attempts are not read
   std::string job;                // the launcher's job id ("slurm-123.0", torchrun's run id); "" when none
   std::string note;               // something the caller should log (a launcher setup that looks wrong)
+  // local_rank and local_world_size were inferred (RANK and WORLD_SIZE alone), not given by a
+  // launcher: Group::create counts the ranks that share this host and corrects them.
+  bool local_inferred = false;
 
   bool distributed() const { return world_size > 1; }
   std::string describe() const;
