@@ -11,6 +11,7 @@
 #include <png.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -1300,6 +1301,33 @@ TEST_CASE("the rendezvous roll call: ranks of one host counted, a WORLD_SIZE tha
     for (const auto& p : procs) CHECK(running(p.pid));
     for (const auto& p : procs) kill_and_reap(p);
   }
+  files::remove_all(dir);
+}
+
+TEST_CASE("a run directory in use by another run: every rank says so, not a connection reset",
+          "[dist][process][cli]") {
+  const std::string dir = files::make_temp_directory("train_ddp_dir_in_use_");
+  const std::string config = files::join(dir, "run.yaml");
+  std::ofstream(config) << "model: {name: mlp, in_channels: 1, num_classes: 10}\n"
+                           "data: {kind: synthetic, channels: 1, image_size: 28, synthetic_train_samples: 64,"
+                           " synthetic_val_samples: 16, workers: 0}\n"
+                           "trainer: {global_batch: 16, max_steps: 2, device: cpu, threads: 1}\n"
+                           "logging: {tensorboard: false}\n";
+  const std::string run_dir = files::join(dir, "run");
+  files::make_directories(run_dir);
+  // Another run's rank 0 holds the lock.
+  const int fd = ::open(files::join(run_dir, ".lock").c_str(), O_RDWR | O_CREAT, 0644);
+  REQUIRE(fd >= 0);
+  REQUIRE(::flock(fd, LOCK_EX | LOCK_NB) == 0);
+  auto p = spawn({kTrain, "launch", "--nproc", "2", config, "--run-dir", run_dir}, {}, files::join(dir, "launch.log"));
+  const int rc = wait_for(p, 120);
+  ::close(fd);
+  const std::string out = slurp(p.log);
+  INFO(out);
+  CHECK(rc == 2);
+  // Rank 1 learns why from rank 0; it used to fail its first collective with "Connection reset by peer".
+  CHECK_THAT(out, Catch::Contains("[rank 1] rank 0 stopped first: run directory " + run_dir +
+                                  " is in use by another run"));
   files::remove_all(dir);
 }
 
