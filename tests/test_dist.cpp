@@ -625,6 +625,14 @@ TEST_CASE("rendezvous: a port another program holds is reported as such, at once
                     Catch::Contains("rank 0 could not serve the rendezvous on port " + std::to_string(env.master_port)) &&
                         Catch::Contains("set MASTER_PORT"));
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20));
+  // Rank 1 finds the port answered by something that is no store: within init_timeout_s (+5 s),
+  // not in recv() for ever, as LibTorch's client alone would wait.
+  env.rank = 1;
+  dc.init_timeout_s = 1;
+  const auto t1 = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH(dist::Group::create(env, dc, "cpu"),
+                    Catch::Contains("rank 1 could not join the rendezvous") && Catch::Contains("no answer"));
+  CHECK(std::chrono::steady_clock::now() - t1 < std::chrono::seconds(20));
   ::close(fd);
 }
 

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <thread>
 
@@ -157,6 +158,30 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
 // At least 1 ms: c10d reads a zero timeout as none at all.
 std::chrono::milliseconds millis(double seconds) {
   return std::chrono::milliseconds(std::max<int64_t>(1, static_cast<int64_t>(std::ceil(seconds * 1000.0))));
+}
+
+// Runs `work` on a thread of its own and waits at most `seconds` for its result. A store call to
+// a rank 0 that is frozen (SIGSTOP, a debugger, a paused VM) or whose host is gone blocks in
+// recv() with no timeout of its own; a rank on its way out must not hang there. On overrun the
+// thread is left behind, holding its own reference to the store, and the caller goes on.
+template <class T>
+std::optional<T> within(double seconds, std::function<std::optional<T>()> work) {
+  auto promise = std::make_shared<std::promise<std::optional<T>>>();
+  std::future<std::optional<T>> result = promise->get_future();
+  try {
+    std::thread([promise, work = std::move(work)] {
+      std::optional<T> value;
+      try {
+        value = work();
+      } catch (...) {
+      }
+      promise->set_value(std::move(value));
+    }).detach();
+  } catch (...) {
+    return std::nullopt;  // no thread to be had
+  }
+  if (result.wait_for(std::chrono::duration<double>(seconds)) != std::future_status::ready) return std::nullopt;
+  return result.get();
 }
 
 std::string store_text(c10d::Store& store, const std::string& key) {
@@ -472,7 +497,35 @@ std::shared_ptr<Group> Group::create(const Env& env, const DistributedConfig& co
   so.timeout = millis(config.init_timeout_s);
   compat::store_without_libuv(so);
   try {
-    auto tcp = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
+    c10::intrusive_ptr<c10d::TCPStore> tcp;
+    if (so.isServer) {
+      tcp = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
+    } else {
+      // A port held by something that accepts but is no store (another program, a frozen
+      // process) leaves the client's handshake waiting in recv() with no timeout of its own.
+      struct Failure {
+        std::mutex mutex;
+        std::string what;  // the client's error; empty while it waits
+      };
+      auto failure = std::make_shared<Failure>();
+      const auto joined = within<c10::intrusive_ptr<c10d::TCPStore>>(
+          config.init_timeout_s + 5.0, [addr = env.master_addr, so, failure]() -> std::optional<c10::intrusive_ptr<c10d::TCPStore>> {
+            try {
+              return c10::make_intrusive<c10d::TCPStore>(addr, so);
+            } catch (const std::exception& e) {
+              const std::lock_guard<std::mutex> lock(failure->mutex);
+              failure->what = e.what();
+              return std::nullopt;
+            }
+          });
+      if (!joined) {
+        const std::lock_guard<std::mutex> lock(failure->mutex);
+        throw std::runtime_error(!failure->what.empty() ? failure->what
+                                                        : std::string("no answer from what listens there (not a "
+                                                                      "rendezvous store, or a frozen one)"));
+      }
+      tcp = *joined;
+    }
     // Keys are per attempt: a store that outlives a restart (an agent's, depending on the torchrun
     // version) must not hand this attempt the Gloo addresses or failure reports of the last one.
     // ...and per job: a rank of another job that reaches this store (its own rank 0 could not
@@ -614,30 +667,6 @@ double Group::reduce_double(double value, ReduceOp op) {
 namespace {
 
 std::string failure_key(int64_t rank) { return "failure/" + std::to_string(rank); }
-
-// Runs `work` on a thread of its own and waits at most `seconds` for its result. A store call to
-// a rank 0 that is frozen (SIGSTOP, a debugger, a paused VM) or whose host is gone blocks in
-// recv() with no timeout of its own; a rank on its way out must not hang there. On overrun the
-// thread is left behind, holding its own reference to the store, and the caller goes on.
-template <class T>
-std::optional<T> within(double seconds, std::function<std::optional<T>()> work) {
-  auto promise = std::make_shared<std::promise<std::optional<T>>>();
-  std::future<std::optional<T>> result = promise->get_future();
-  try {
-    std::thread([promise, work = std::move(work)] {
-      std::optional<T> value;
-      try {
-        value = work();
-      } catch (...) {
-      }
-      promise->set_value(std::move(value));
-    }).detach();
-  } catch (...) {
-    return std::nullopt;  // no thread to be had
-  }
-  if (result.wait_for(std::chrono::duration<double>(seconds)) != std::future_status::ready) return std::nullopt;
-  return result.get();
-}
 
 constexpr double kPostSeconds = 5.0;
 
