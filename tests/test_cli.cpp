@@ -188,16 +188,12 @@ TEST_CASE("cli: a full disk while the run writes its config.yaml leaves no run d
   const std::string run_dir = tmp / "run";
   // Files may not grow past 2 KiB: config.yaml's write fails (EFBIG) as it would on a full disk.
   // It used to leave the directory with .lock and a train.log that could not say why.
-  struct rlimit old_limit {};
-  REQUIRE(::getrlimit(RLIMIT_FSIZE, &old_limit) == 0);
-  struct rlimit limit = old_limit;
-  limit.rlim_cur = 2048;
-  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
-  REQUIRE(::setrlimit(RLIMIT_FSIZE, &limit) == 0);
   int rc = -1;
-  const std::string err = stderr_of([&] { rc = cli({"fit", cfg, "--run-dir", run_dir}); });
-  ::setrlimit(RLIMIT_FSIZE, &old_limit);
-  std::signal(SIGXFSZ, old_handler);
+  std::string err;
+  {
+    const train::testing::FileSizeLimit limit(2048);
+    err = stderr_of([&] { rc = cli({"fit", cfg, "--run-dir", run_dir}); });
+  }
   INFO(err);
   CHECK(rc == train::kExitRuntime);
   CHECK_THAT(err, Catch::Contains(train::files::join(run_dir, "config.yaml")) &&

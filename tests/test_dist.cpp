@@ -253,6 +253,15 @@ std::string slurp(const std::string& path) {
   return s.str();
 }
 
+// Waits up to 120 s for `text` in the file at `path` (a metrics row a running job writes); the
+// checks after it say what went wrong if it never comes.
+void wait_for_text(const std::string& path, const std::string& text) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (slurp(path).find(text) == std::string::npos && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
 // The processes of the `train` binary that `parent` started (a launcher's ranks).
 std::vector<pid_t> train_children(pid_t parent) {
   std::istringstream kids(slurp("/proc/" + std::to_string(parent) + "/task/" + std::to_string(parent) + "/children"));
@@ -1292,11 +1301,7 @@ TEST_CASE("the rendezvous roll call: ranks of one host counted, a WORLD_SIZE tha
   SECTION("a second job's rank on the same MASTER_PORT stops at once; the first job goes on") {
     // It joined the first job's store and waited in Gloo's connect, silent, past every timeout.
     auto [procs, port] = ranks("first", 2, "127.0.0.1", none, 100000);
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-    while (slurp(files::join(dir, "first/metrics.jsonl")).find("\"step\":") == std::string::npos &&
-           std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
+    wait_for_text(files::join(dir, "first/metrics.jsonl"), "\"step\":");
     auto intruder = spawn({kTrain, "fit", config, "--run-dir", files::join(dir, "second")},
                           {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"},
                            {"MASTER_PORT", std::to_string(port)}},
@@ -1707,11 +1712,7 @@ TEST_CASE("SIGTERM to train launch: every rank stops after the same step, and --
   REQUIRE(wait_for(p, 600) == 0);
 
   p = spawn({kTrain, "launch", "--nproc", "2", config, "--run-dir", stopped}, {}, files::join(dir, "stopped.log"));
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (slurp(files::join(stopped, "metrics.jsonl")).find("\"step\":4,") == std::string::npos &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  wait_for_text(files::join(stopped, "metrics.jsonl"), "\"step\":4,");
   ::kill(p.pid, SIGTERM);
   const int rc = wait_for(p, 120);
   const std::string out = slurp(p.log);
@@ -1756,11 +1757,7 @@ TEST_CASE("Ctrl-C to train launch's process group: each rank gets it once, check
   // signals as a whole on Ctrl-C.
   auto p = spawn({kTrain, "launch", "--nproc", "2", config, "--run-dir", run_dir}, {}, files::join(dir, "ctrl_c.log"),
                  /*new_group=*/true);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (slurp(files::join(run_dir, "metrics.jsonl")).find("\"step\":3,") == std::string::npos &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  wait_for_text(files::join(run_dir, "metrics.jsonl"), "\"step\":3,");
   const std::vector<pid_t> ranks = children_of(p.pid);
   REQUIRE(ranks.size() == 2);
   for (const pid_t r : ranks) CHECK(::getpgid(r) == r);  // each rank leads its own group, not the launcher's
@@ -1804,11 +1801,7 @@ TEST_CASE("SIGHUP (a closed terminal or SSH session) stops train launch's ranks 
                            "logging: {every_steps: 1}\n";
   const std::string run_dir = files::join(dir, "run"), ckpts = files::join(run_dir, "checkpoints");
   auto started = [&](const Proc& p) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-    while (slurp(files::join(run_dir, "metrics.jsonl")).find("\"step\":3,") == std::string::npos &&
-           std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
+    wait_for_text(files::join(run_dir, "metrics.jsonl"), "\"step\":3,");
     const std::vector<pid_t> ranks = children_of(p.pid);
     REQUIRE(ranks.size() == 2);
     return ranks;
@@ -1859,11 +1852,7 @@ TEST_CASE("a train launch killed with SIGKILL takes its ranks with it: they get 
   const std::string run_dir = files::join(dir, "run");
   auto p = spawn({kTrain, "launch", "--nproc", "2", config, "--run-dir", run_dir}, {}, files::join(dir, "out.log"),
                  /*new_group=*/true);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (slurp(files::join(run_dir, "metrics.jsonl")).find("\"step\":2,") == std::string::npos &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  wait_for_text(files::join(run_dir, "metrics.jsonl"), "\"step\":2,");
   const std::vector<pid_t> ranks = children_of(p.pid);
   REQUIRE(ranks.size() == 2);
   kill_and_reap(p);

@@ -199,33 +199,6 @@ TEST_CASE("metrics: JSON rows and resume truncation do not depend on the global 
   CHECK(train::log::measure(std::nan("")) == "nan");
 }
 
-namespace {
-
-// Sets this process's file size limit (RLIMIT_FSIZE) while alive: a write past it fails with
-// EFBIG, as a full disk fails one with ENOSPC. SIGXFSZ, which would end the process, is ignored.
-class FileSizeLimit {
- public:
-  explicit FileSizeLimit(rlim_t bytes) {
-    REQUIRE(::getrlimit(RLIMIT_FSIZE, &previous_) == 0);
-    previous_handler_ = std::signal(SIGXFSZ, SIG_IGN);
-    rlimit limit = previous_;
-    limit.rlim_cur = bytes;
-    REQUIRE(::setrlimit(RLIMIT_FSIZE, &limit) == 0);
-  }
-  ~FileSizeLimit() {
-    ::setrlimit(RLIMIT_FSIZE, &previous_);
-    std::signal(SIGXFSZ, previous_handler_);
-  }
-  FileSizeLimit(const FileSizeLimit&) = delete;
-  FileSizeLimit& operator=(const FileSizeLimit&) = delete;
-
- private:
-  rlimit previous_{};
-  void (*previous_handler_)(int) = SIG_DFL;
-};
-
-}  // namespace
-
 TEST_CASE("metrics: a failed write names the file and the system's reason", "[metrics][tensorboard]") {
   train::MetricRecord r;
   r.add("step", int64_t{1}).add("split", "train").add("loss", 0.5);
@@ -236,7 +209,7 @@ TEST_CASE("metrics: a failed write names the file and the system's reason", "[me
   TempDir tmp;
   train::TensorBoardWriter events(tmp.path);  // its first record (file_version) is written now
   const std::string path = events.path();
-  FileSizeLimit limit(files::file_size(path) + 8);
+  train::testing::FileSizeLimit limit(files::file_size(path) + 8);
   CHECK_THROWS_WITH(events.write(r), Contains("failed writing TensorBoard event file " + path) &&
                                          Contains(std::strerror(EFBIG)));
 }

@@ -328,20 +328,15 @@ TEST_CASE("checkpoint: a write that fails part way (a full disk) throws naming t
     for (auto& p : run.model->parameters()) p.add_(1.0);  // another checkpoint at the same step
   }
   // Files may not grow past 2 KiB: the writes past it fail (EFBIG) as they would on a full disk.
-  struct rlimit old_limit {};
-  REQUIRE(::getrlimit(RLIMIT_FSIZE, &old_limit) == 0);
-  struct rlimit limit = old_limit;
-  limit.rlim_cur = 2048;
-  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
-  REQUIRE(::setrlimit(RLIMIT_FSIZE, &limit) == 0);
   std::string message;
-  try {
-    save_checkpoint(path, *run.model, nullptr, st);  // LibTorch's writer used to terminate the process here
-  } catch (const Error& e) {
-    message = e.what();
+  {
+    const train::testing::FileSizeLimit limit(2048);
+    try {
+      save_checkpoint(path, *run.model, nullptr, st);  // LibTorch's writer used to terminate the process here
+    } catch (const Error& e) {
+      message = e.what();
+    }
   }
-  ::setrlimit(RLIMIT_FSIZE, &old_limit);
-  std::signal(SIGXFSZ, old_handler);
   INFO(message);
   CHECK_THAT(message, Catch::Contains(path) && Catch::Contains(std::strerror(EFBIG)) &&
                           Catch::Contains("unchanged"));

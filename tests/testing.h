@@ -6,8 +6,10 @@
 #undef CHECK
 #include <catch2/catch.hpp>
 
+#include <sys/resource.h>
 #include <sys/wait.h>
 
+#include <csignal>
 #include <cstdlib>
 #include <string>
 
@@ -30,6 +32,29 @@
   } while (false)
 
 namespace train::testing {
+
+// Sets this process's file size limit (RLIMIT_FSIZE) while alive: a write past it fails with
+// EFBIG, as a full disk fails one with ENOSPC. SIGXFSZ, which would end the process, is ignored.
+class FileSizeLimit {
+ public:
+  explicit FileSizeLimit(rlim_t bytes) {
+    REQUIRE(::getrlimit(RLIMIT_FSIZE, &previous_) == 0);
+    previous_handler_ = std::signal(SIGXFSZ, SIG_IGN);
+    rlimit limit = previous_;
+    limit.rlim_cur = bytes;
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &limit) == 0);
+  }
+  ~FileSizeLimit() {
+    ::setrlimit(RLIMIT_FSIZE, &previous_);
+    std::signal(SIGXFSZ, previous_handler_);
+  }
+  FileSizeLimit(const FileSizeLimit&) = delete;
+  FileSizeLimit& operator=(const FileSizeLimit&) = delete;
+
+ private:
+  rlimit previous_{};
+  void (*previous_handler_)(int) = SIG_DFL;
+};
 
 // Where the repository, the build, the venv's Python and Fashion-MNIST are (tests/paths.cpp.in).
 const char* source_dir();
