@@ -1788,7 +1788,7 @@ TEST_CASE("Ctrl-C to train launch's process group: each rank gets it once, check
   files::remove_all(dir);
 }
 
-TEST_CASE("SIGHUP (a closed terminal or SSH session) stops train launch's ranks with a checkpoint; under nohup it "
+TEST_CASE("SIGHUP (a closed terminal or SSH session) stops train launch's ranks with a checkpoint, and under nohup it "
           "changes nothing", "[dist][process][signals]") {
   const std::string dir = files::make_temp_directory("train_launch_hangup_");
   const std::string config = files::join(dir, "stop.yaml");

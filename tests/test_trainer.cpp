@@ -1182,7 +1182,7 @@ TEST_CASE("checkpoint.best: a best from after the step a run starts from is not 
   files::remove_all(dir);
 }
 
-TEST_CASE("resume: training data of the same size but other content is said; the same data is not",
+TEST_CASE("resume: training data of the same size but other content is said, the same data is not",
           "[trainer][resume]") {
   register_tiny_mlp();
   Config c = synthetic_config();
