@@ -77,40 +77,6 @@ torch::Tensor BatchMemory::empty(at::IntArrayRef sizes, at::ScalarType dtype) co
       torch::TensorOptions(dtype));
 }
 
-Fingerprint& Fingerprint::add(const void* data, size_t size) {
-  // FNV-1a's step on 8-byte words instead of bytes; value() mixes the bits afterwards.
-  constexpr uint64_t kPrime = 0x100000001b3ULL;
-  const auto* bytes = static_cast<const unsigned char*>(data);
-  size_t i = 0;
-  for (; i + 8 <= size; i += 8) {
-    uint64_t word;
-    std::memcpy(&word, bytes + i, 8);
-    hash_ = (hash_ ^ word) * kPrime;
-  }
-  uint64_t tail = static_cast<uint64_t>(size) << 56;  // the length, so that trailing zeros count
-  std::memcpy(&tail, bytes + i, size - i);  // at most 7 bytes: the length's byte stays
-  hash_ = (hash_ ^ tail) * kPrime;
-  return *this;
-}
-
-Fingerprint& Fingerprint::add(const std::string& text) {
-  add(static_cast<int64_t>(text.size()));
-  return add(text.data(), text.size());
-}
-
-Fingerprint& Fingerprint::add(int64_t value) { return add(&value, sizeof(value)); }
-
-uint64_t Fingerprint::value() const {
-  // MurmurHash3's finaliser: every input bit reaches every output bit.
-  uint64_t h = hash_;
-  h ^= h >> 33;
-  h *= 0xff51afd7ed558ccdULL;
-  h ^= h >> 33;
-  h *= 0xc4ceb9fe1a85ec53ULL;
-  h ^= h >> 33;
-  return h == 0 ? 1 : h;
-}
-
 Batch Dataset::collate(std::vector<Example>&& examples) const {
   if (examples.empty()) throw std::invalid_argument("Dataset::collate: no examples to collate");
   std::vector<torch::Tensor> inputs;
