@@ -744,7 +744,7 @@ TEST_CASE("config_reference documents every key", "[config]") {
         "`data.std`", "`logging.jsonl`", "`tuning.max_micro_batch`"})
     CHECK_THAT(reference, Contains(key));
   CHECK_THAT(reference, Contains("| `optim.lr` | float | `0.1` | > 0 | trajectory |"));
-  CHECK_THAT(reference, Contains("| `optim.name` | enum | `sgd` | `sgd`, `adamw` | trajectory |"));
+  CHECK_THAT(reference, Contains("| `optim.name` | string | `sgd` | `sgd`, `adamw`, or a registered name | trajectory |"));
   CHECK_THAT(reference, Contains("| `precision.mode` | enum | `auto` | `auto`, `fp32`, `bf16`, `fp16` | execution |"));
   CHECK_THAT(reference, Contains("| `data.workers` | int | `-1` |"));
   CHECK_THAT(reference, Contains("The *on resume* column says"));

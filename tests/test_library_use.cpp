@@ -13,12 +13,15 @@
 #include <train/fit.h>
 #include <train/metrics.h>
 #include <train/models/model.h>
+#include <train/optim.h>
 #include <train/plan.h>
 #include <train/run.h>
 #include <train/trainer.h>
 
 #include <dlfcn.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -300,6 +303,101 @@ TEST_CASE("library_use: from_module trains a torch::nn::Sequential or a module o
 }
 
 // examples/resnet/main.cpp, the README's snippet written out, run where nothing exists yet.
+TEST_CASE("library_use: an optimizer of one's own, registered by name, trains, checkpoints and resumes exactly",
+          "[library_use]") {
+  const std::string tmp = files::make_temp_directory("train_test_own_optimizer_");
+  const auto yaml = [&](const std::string& optim) {
+    return "model: {name: mlp, in_channels: 1, num_classes: 4}\n"
+           "data: {kind: custom, workers: 0}\n"
+           "optim: {" + optim + "}\n"
+           "schedule: {name: cosine, warmup_steps: 2}\n"
+           "trainer: {global_batch: 8, max_steps: 6, device: cpu, threads: 1}\n"
+           "checkpoint: {every_steps: 3, keep_last: 10}\n"
+           "tuning: {micro_batch: 8, cache_dir: " + files::join(tmp, "cache") + "}\n";
+  };
+  const std::string own = "name: test_rmsprop, lr: 0.001, weight_decay: 0.01, eps: 0.0001";
+  // Unknown until registered: the config says so at its line, as for any misspelt value.
+  CHECK_THROWS_WITH(parse_config(yaml(own), "own.yaml"),
+                    Catch::Contains("own.yaml:3:") && Catch::Contains("key 'optim.name': must be one of sgd, adamw") &&
+                        Catch::Contains("got 'test_rmsprop'"));
+  CHECK_THROWS_AS(register_optimizer("sgd", [](const OptimizerParams&) { return nullptr; }, "mine", 1),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(register_optimizer("test_rmsprop", nullptr, "mine", 1), std::invalid_argument);
+
+  int built = 0;
+  OptimizerParams seen;
+  register_optimizer("test_rmsprop", [&](const OptimizerParams& p) -> std::unique_ptr<torch::optim::Optimizer> {
+    ++built;
+    seen = p;
+    auto options = torch::optim::RMSpropOptions(p.lr).alpha(0.9).eps(p.config.eps);
+    return std::make_unique<torch::optim::RMSprop>(param_groups(p, options), options);
+  }, "RMSprop, alpha 0.9", /*state_per_parameter=*/1);
+  const std::vector<std::string> names = optimizer_names();
+  CHECK(std::find(names.begin(), names.end(), "test_rmsprop") != names.end());
+  CHECK_THROWS_WITH(parse_config(yaml("name: test_rmsprp"), "own.yaml"),
+                    Catch::Contains("own.yaml:3:") && Catch::Contains("did you mean 'test_rmsprop'"));
+  CHECK_THROWS_WITH(prepare_run(parse_config(yaml(own + ", impl: fused"), "own.yaml"), [] {
+                      RunOptions o;
+                      o.train_data = std::make_shared<Brightness>();
+                      return o;
+                    }()),
+                    Catch::Contains("key 'optim.impl': fused picks among the sgd and adamw kernels") &&
+                        Catch::Contains("RMSprop, alpha 0.9"));
+
+  const Config config = parse_config(yaml(own), "own.yaml");
+  const auto run_from = [&](const std::string& dir, const std::string& resume, const Config& c) {
+    RunOptions options;
+    options.train_data = std::make_shared<Brightness>();
+    RunParts run = prepare_run(c, options);
+    FitOptions fit;
+    fit.run_dir = files::join(tmp, dir);
+    fit.resume = resume;
+    REQUIRE(fit_in_run_dir(c, run, fit).exit_code == kExitOk);
+    std::vector<torch::Tensor> weights;
+    for (const auto& p : run.model->parameters()) weights.push_back(p.detach().clone());
+    return std::make_pair(run.plan, weights);
+  };
+  const auto [plan, whole] = run_from("whole", "", config);
+  CHECK(built >= 1);
+  CHECK(seen.config.name == "test_rmsprop");
+  CHECK(std::abs(seen.lr - plan.lr) < 1e-12);
+  CHECK(seen.decay.size() == 3);     // the MLP's three weight matrices
+  CHECK(seen.no_decay.size() == 3);  // and their biases
+  bool sized = false;
+  for (const auto& d : plan.decisions) sized = sized || (d.name == "checkpoints" && d.reason.find("+ test_rmsprop state") != std::string::npos);
+  CHECK(sized);
+  CHECK(plan.cuda_graphs == false);
+
+  // The checkpoint holds RMSprop's state, which a resume puts back (through the optimizer's own
+  // save() and load(): train does not know its state class)...
+  const std::string step3 = checkpoint_path(files::join(tmp, "whole/checkpoints"), 3);
+  REQUIRE(files::exists(step3));
+  {
+    RunOptions options;
+    options.train_data = std::make_shared<Brightness>();
+    RunParts run = prepare_run(config, options);
+    const auto optimizer = make_optimizer(config.optim, *run.model, plan.lr);
+    REQUIRE(dynamic_cast<torch::optim::RMSprop*>(optimizer.get()) != nullptr);
+    load_checkpoint(step3, *run.model, optimizer.get());
+    REQUIRE(optimizer->state().size() == 6);
+    for (const auto& [key, state] : optimizer->state()) {
+      const auto* rms = dynamic_cast<const torch::optim::RMSpropParamState*>(state.get());
+      REQUIRE(rms != nullptr);
+      CHECK(rms->step() == 3);
+      CHECK(rms->square_avg().abs().sum().item<double>() > 0);
+    }
+    // ...with the hyperparameters of today's config, not the saved ones.
+    CHECK(std::abs(optimizer->param_groups()[0].options().get_lr() - plan.lr) < 1e-12);
+  }
+  // ...and the run ends where the uninterrupted one did, bit for bit.
+  const auto resumed = run_from("resumed", step3, config).second;
+  REQUIRE(resumed.size() == whole.size());
+  bool same = true;
+  for (size_t i = 0; i < whole.size(); ++i) same = same && torch::equal(resumed[i], whole[i]);
+  CHECK(same);
+  files::remove_all(tmp);
+}
+
 TEST_CASE("library_use: resnet_example trains from an empty directory", "[library_use][process]") {
   const std::string example = std::string(TRAIN_BINARY_DIR) + "/bin/resnet_example";
   if (!files::is_regular_file(example)) FAIL(example + " is missing (TRAIN_BUILD_EXAMPLES=OFF?)");

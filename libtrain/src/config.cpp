@@ -19,6 +19,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <type_traits>
@@ -26,6 +27,7 @@
 #include <variant>
 
 #include "models/bert_presets.h"
+#include "optimizer_names.h"
 #include "suggest.h"
 #include "train/errors.h"
 #include "train/files.h"
@@ -182,6 +184,18 @@ constexpr SectionInfo kSections[] = {
     {"logging", "Console and metrics output."},
     {"distributed", "Data-parallel training over c10d (used when launched with more than one rank)."},
 };
+
+struct OptimizerNames {
+  std::mutex mutex;
+  std::vector<std::string> names{"sgd", "adamw"};
+};
+
+OptimizerNames& optimizer_names_accepted() {
+  static OptimizerNames* names = new OptimizerNames();  // never destroyed: usable at exit
+  return *names;
+}
+
+std::string check_optimizer_name(const std::string& name);  // (below: it words like the enums)
 
 std::string check_device(const std::string& device) {
   if (device == "auto" || device == "cpu" || device == "cuda") return "";
@@ -393,7 +407,8 @@ std::vector<Key> build_schema() {
       data("val_tsv", &D::val_tsv, "tsv: validation file in root; its labels must be among train_tsv's").free_on_resume(),
       data("lowercase", &D::lowercase, "tsv: uncased vocab (lower-case and strip accents before WordPiece)"),
 
-      optim("name", &O::name, "optimizer").one_of({"sgd", "adamw"}),
+      optim("name", &O::name, "optimizer (train::register_optimizer adds names)")
+          .checked_by(check_optimizer_name, "`sgd`, `adamw`, or a registered name"),
       optim("lr", &O::lr, "learning rate for global_batch (before any plan scaling)").above(0),
       optim("momentum", &O::momentum, "sgd: momentum").at_least(0).below(1),
       optim("nesterov", &O::nesterov, "sgd: use Nesterov momentum"),
@@ -654,6 +669,15 @@ std::string join(const std::vector<std::string>& items, const std::string& separ
 
 std::string did_you_mean(const std::string& suggestion) {
   return "; did you mean '" + suggestion + "'?";
+}
+
+std::string check_optimizer_name(const std::string& name) {
+  const std::vector<std::string> known = detail::accepted_optimizer_names();
+  if (std::find(known.begin(), known.end(), name) != known.end()) return "";
+  const auto suggestion = closest_index(name, known);
+  return "must be one of " + join(known, ", ") + ", got '" + name + "'" +
+         (suggestion ? did_you_mean(known[*suggestion]) : "") +
+         (known.size() == 2 ? " (a program adds its own with train::register_optimizer)" : "");
 }
 
 // Names other training tools use for what train calls differently (PyTorch's DataLoader, Lightning,
@@ -1718,5 +1742,23 @@ std::string config_reference() {
   }
   return out.str();
 }
+
+namespace detail {
+
+void accept_optimizer_name(const std::string& name) {
+  OptimizerNames& accepted = optimizer_names_accepted();
+  const std::lock_guard<std::mutex> lock(accepted.mutex);
+  if (std::find(accepted.names.begin(), accepted.names.end(), name) == accepted.names.end()) {
+    accepted.names.push_back(name);
+  }
+}
+
+std::vector<std::string> accepted_optimizer_names() {
+  OptimizerNames& accepted = optimizer_names_accepted();
+  const std::lock_guard<std::mutex> lock(accepted.mutex);
+  return accepted.names;
+}
+
+}  // namespace detail
 
 }  // namespace train

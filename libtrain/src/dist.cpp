@@ -534,9 +534,15 @@ std::shared_ptr<Group> Group::create(const Env& env, const DistributedConfig& co
   } catch (const std::exception& e) {
     const std::string what = e.what();
     if (so.isServer && what.find("Address already in use") != std::string::npos) {
+      const bool next_port = static_cast<int>(so.port) != env.master_port;
       throw Error(log::str("distributed: rank 0 could not serve the rendezvous on port ", so.port, " (", env.launcher,
-                           "): the port is in use, by another job on this host or an earlier run; set MASTER_PORT "
-                           "to a free port for every rank"));
+                           next_port ? log::str(": MASTER_PORT + 1, because LibTorch ", compat::torch_version(),
+                                                " cannot talk to the store of torchrun's agent, which holds ",
+                                                env.master_port, ")")
+                                     : std::string(")"),
+                           ": the port is in use, by another job on this host or an earlier run; set MASTER_PORT "
+                           "(--master-port) to a free port for every rank",
+                           next_port ? ", with the port after it free too" : ""));
     }
     throw Error(log::str("distributed: rank ", env.rank, " could not join the rendezvous at ", env.master_addr, ":",
                          env.master_port, " within distributed.init_timeout_s = ", config.init_timeout_s,

@@ -2,11 +2,17 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
+#include <mutex>
+#include <optional>
+#include <sstream>
 #include <stdexcept>
 
 #include "compat.h"
+#include "optimizer_names.h"
+#include "suggest.h"
 #include "tensor_groups.h"
 #include "train/errors.h"
 #include "train/log.h"
@@ -314,7 +320,92 @@ Impl choose_impl(const OptimConfig& config, c10::DeviceType device) {
   throw ConfigError("key 'optim.impl': unknown implementation '" + config.impl + "' (auto, fused, foreach, loop)");
 }
 
+struct Registered {
+  OptimizerBuilder builder;
+  std::string summary;
+  int state_per_parameter = 0;
+};
+
+struct OptimizerRegistry {
+  std::mutex mutex;
+  std::map<std::string, Registered> entries;
+};
+
+OptimizerRegistry& optimizer_registry() {
+  static OptimizerRegistry* registry = new OptimizerRegistry();  // never destroyed: usable at exit
+  return *registry;
+}
+
+bool built_in(const std::string& name) { return name == "sgd" || name == "adamw"; }
+
+std::optional<Registered> find_registered(const std::string& name) {
+  OptimizerRegistry& r = optimizer_registry();
+  const std::lock_guard<std::mutex> lock(r.mutex);
+  const auto it = r.entries.find(name);
+  if (it == r.entries.end()) return std::nullopt;
+  return it->second;
+}
+
+// optim.impl picks among the built-in kernels: anything but auto is an error for a registered
+// optimizer.
+void check_impl(const OptimConfig& config, const Registered& registered) {
+  if (config.impl != "auto") {
+    throw ConfigError("key 'optim.impl': " + config.impl + " picks among the sgd and adamw kernels; '" + config.name +
+                      "' (registered: " + registered.summary + ") steps as its builder made it; use auto");
+  }
+}
+
+ConfigError unknown_optimizer(const std::string& name) {
+  const std::vector<std::string> known = optimizer_names();
+  const std::string suggestion = detail::closest_match(name, known);
+  std::string list;
+  for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
+  return ConfigError("key 'optim.name': unknown optimizer '" + name + "'; " +
+                     (suggestion.empty() ? std::string() : "did you mean '" + suggestion + "'? ") + "known: " + list +
+                     " (a program adds its own with train::register_optimizer)");
+}
+
 }  // namespace
+
+void register_optimizer(const std::string& name, OptimizerBuilder builder, const std::string& summary,
+                        int state_per_parameter) {
+  if (name.empty()) throw std::invalid_argument("register_optimizer: empty optimizer name");
+  if (built_in(name)) {
+    throw std::invalid_argument("register_optimizer: '" + name + "' is built in (optim.impl picks how it steps); "
+                                "register yours under another name");
+  }
+  if (!builder) throw std::invalid_argument("register_optimizer: empty builder for '" + name + "'");
+  if (state_per_parameter < 0) {
+    throw std::invalid_argument("register_optimizer: state_per_parameter of '" + name + "' is negative");
+  }
+  {
+    OptimizerRegistry& r = optimizer_registry();
+    const std::lock_guard<std::mutex> lock(r.mutex);
+    r.entries[name] = Registered{std::move(builder), summary, state_per_parameter};
+  }
+  detail::accept_optimizer_name(name);  // the config now takes it for optim.name
+}
+
+std::vector<std::string> optimizer_names() {
+  std::vector<std::string> names = {"adamw", "sgd"};
+  {
+    OptimizerRegistry& r = optimizer_registry();
+    const std::lock_guard<std::mutex> lock(r.mutex);
+    for (const auto& entry : r.entries) names.push_back(entry.first);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+int optimizer_state_per_parameter(const OptimConfig& config) {
+  if (config.name == "adamw") return 2;
+  if (config.name == "sgd") return config.momentum > 0 ? 1 : 0;
+  if (const auto registered = find_registered(config.name)) {
+    check_impl(config, *registered);
+    return registered->state_per_parameter;
+  }
+  throw unknown_optimizer(config.name);
+}
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimConfig& config, torch::nn::Module& model,
                                                         double lr) {
@@ -337,8 +428,18 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimConfig& confi
     }
     return out;
   };
-  if (config.name != "sgd" && config.name != "adamw") {
-    throw ConfigError("key 'optim.name': unknown optimizer '" + config.name + "' (sgd, adamw)");
+  if (!built_in(config.name)) {
+    const auto registered = find_registered(config.name);
+    if (!registered) throw unknown_optimizer(config.name);
+    check_impl(config, *registered);
+    OptimizerParams params;
+    params.decay = decay;
+    params.no_decay = no_decay;
+    params.config = config;
+    params.lr = lr;
+    std::unique_ptr<torch::optim::Optimizer> made = registered->builder(params);
+    if (!made) throw Error("the builder of optimizer '" + config.name + "' returned none");
+    return made;
   }
   // What "auto" and "fused" can use depends on the device the parameters are on now.
   const auto& trained = decay.empty() ? no_decay : decay;
@@ -386,8 +487,11 @@ void place_state_like_params(torch::optim::Optimizer& optimizer) {
     if (state.device() == param.device() && state.strides() == param.strides()) return state;
     return torch::empty_like(param, param.options().dtype(state.scalar_type())).copy_(state);
   };
+  bool other_state = false;  // of a registered optimizer: its own state class
+  torch::Device device = torch::kCPU;
   for (auto& group : optimizer.param_groups()) {
     for (const auto& param : group.params()) {
+      if (index == 0) device = param.device();
       const auto it = optimizer.state().find(compat::optimizer_state_key(param));
       if (it != optimizer.state().end()) {
         if (auto* sgd = dynamic_cast<SGDParamState*>(it->second.get())) {
@@ -396,11 +500,25 @@ void place_state_like_params(torch::optim::Optimizer& optimizer) {
           adamw->exp_avg(place(adamw->exp_avg(), param));
           adamw->exp_avg_sq(place(adamw->exp_avg_sq(), param));
           adamw->max_exp_avg_sq(place(adamw->max_exp_avg_sq(), param));
+        } else {
+          other_state = true;
         }
       }
       ++index;
     }
   }
+  if (!other_state) return;
+  // A state class this code does not know: its tensors are reached through its own save() and
+  // load(), read back onto the parameters' device (as torch.optim's load_state_dict casts them).
+  // The options stay as they are: load() puts back what save() wrote.
+  torch::serialize::OutputArchive out;
+  optimizer.save(out);
+  std::stringstream bytes;
+  out.save_to(bytes);
+  torch::serialize::InputArchive in;
+  in.load_from(bytes, device);
+  optimizer.state().clear();
+  optimizer.load(in);
 }
 
 namespace detail {

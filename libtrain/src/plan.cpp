@@ -393,6 +393,9 @@ Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInpu
       blocker = "input shapes vary from batch to batch; a graph replays one shape";
     } else if (!inputs.capturable) {
       blocker = "the model's forward may wait for the GPU or change shape with the data (Model::capturable)";
+    } else if (config.optim.name != "sgd" && config.optim.name != "adamw") {
+      blocker = "optim.name " + config.optim.name + ", a registered optimizer; the captured step needs the fused sgd "
+                "or adamw kernel";
     } else if (config.optim.impl != "auto" && config.optim.impl != "fused") {
       blocker = "optim.impl " + config.optim.impl + "; the captured step needs the fused " + config.optim.name + " kernel";
     } else if (config.optim.name == "sgd" && !compat::has_fused_sgd(c10::DeviceType::CUDA)) {
@@ -485,8 +488,11 @@ Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInpu
 
   // ---- checkpoints ----
   // fp32 parameters and the optimizer's state: AdamW keeps two moments per parameter, SGD with
-  // momentum one buffer.
-  const int64_t state_copies = config.optim.name == "adamw" ? 2 : config.optim.momentum > 0 ? 1 : 0;
+  // momentum one buffer, a registered optimizer what it declared.
+  const int64_t state_copies = inputs.optimizer_state_per_parameter >= 0 ? inputs.optimizer_state_per_parameter
+                               : config.optim.name == "adamw"             ? 2
+                               : config.optim.name == "sgd" && config.optim.momentum > 0 ? 1
+                                                                                          : 0;
   const int64_t checkpoint_bytes = inputs.model_params * 4 * (1 + state_copies);
   const std::string size = log::str("about ", log::fixed(static_cast<double>(checkpoint_bytes) / (1 << 20), 0),
                                     " MiB (parameters", state_copies > 0 ? " + " + config.optim.name + " state" : "", ")");

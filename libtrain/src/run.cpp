@@ -21,6 +21,7 @@
 #include "train/errors.h"
 #include "train/log.h"
 #include "train/models/bert.h"
+#include "train/optim.h"
 #include "train/plan_cache.h"
 #include "train/probe.h"
 
@@ -747,6 +748,7 @@ RunParts prepare_run_unlocated(const Config& config, const RunOptions& options) 
   // Without the data, what its kind implies: TSV batches pad to their longest text.
   inputs.static_shapes = r.train ? r.train->static_shapes() : config.data.kind != "tsv";
   inputs.capturable = r.model->capturable();
+  inputs.optimizer_state_per_parameter = optimizer_state_per_parameter(config.optim);  // (an unknown name stops here)
   if (!inputs.static_shapes) {
     inputs.varying_shapes = r.train ? r.train->describe() : "data.kind tsv: each batch padded to its longest text";
   }

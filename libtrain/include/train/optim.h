@@ -6,14 +6,16 @@
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace train {
 
-// SGD (momentum, nesterov) or AdamW from `optim`. Two parameter groups: weights with weight
-// decay, and normalisation weights + biases (parameters with <= 1 dimension) without it,
-// unless optim.decay_norm_and_bias is set.
+// SGD (momentum, nesterov), AdamW or a registered optimizer (below) from `optim`. Two parameter
+// groups: weights with weight decay, and normalisation weights + biases (parameters with <= 1
+// dimension) without it, unless optim.decay_norm_and_bias is set.
 //
 // optim.impl picks how a step runs, for the device the parameters are on now: "fused" (one
 // LibTorch kernel per group), "foreach" (multi-tensor _foreach_ ops), "loop" (torch::optim::SGD /
@@ -22,6 +24,67 @@ namespace train {
 // save() / load() checkpoints move between them. ConfigError for "fused" without a kernel.
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimConfig& config, torch::nn::Module& model,
                                                         double lr);
+
+// ---- optimizers of your own ----
+//
+// What a registered optimizer's builder gets: the model's trainable parameters in the two groups
+// make_optimizer uses, the optim.* config (momentum, beta1, beta2, eps, weight_decay: read those
+// that mean something to it), and the learning rate to start from (the plan's: optim.lr after any
+// batch scaling; the schedule then sets each group's lr before every step).
+struct OptimizerParams {
+  std::vector<torch::Tensor> decay;     // weights: optim.weight_decay applies
+  std::vector<torch::Tensor> no_decay;  // normalisation weights and biases (empty with optim.decay_norm_and_bias)
+  OptimConfig config;
+  double lr = 0;
+};
+
+// The two groups as torch::optim wants them, each with its own copy of `options` (any
+// torch::optim options type: RMSpropOptions, AdagradOptions, ...): optim.weight_decay on the
+// first, 0 on the second. Empty groups are left out.
+template <typename Options>
+std::vector<torch::optim::OptimizerParamGroup> param_groups(const OptimizerParams& params, const Options& options) {
+  std::vector<torch::optim::OptimizerParamGroup> out;
+  if (!params.decay.empty()) {
+    auto o = std::make_unique<Options>(options);
+    o->weight_decay(params.config.weight_decay);
+    out.emplace_back(params.decay, std::move(o));
+  }
+  if (!params.no_decay.empty()) {
+    auto o = std::make_unique<Options>(options);
+    o->weight_decay(0.0);
+    out.emplace_back(params.no_decay, std::move(o));
+  }
+  return out;
+}
+
+using OptimizerBuilder = std::function<std::unique_ptr<torch::optim::Optimizer>(const OptimizerParams& params)>;
+
+// Makes `optim.name: <name>` build the optimizer `builder` returns, in YAML configs, the CLI and
+// the examples alike. Register before the config is used, e.g. first thing in main():
+//
+//   train::register_optimizer("rmsprop", [](const train::OptimizerParams& p) {
+//     auto options = torch::optim::RMSpropOptions(p.lr).alpha(0.99).eps(p.config.eps);
+//     return std::make_unique<torch::optim::RMSprop>(train::param_groups(p, options), options);
+//   }, "RMSprop, alpha 0.99", /*state_per_parameter=*/1);
+//
+// `state_per_parameter`: the parameter-sized tensors its state keeps per parameter (RMSprop 1,
+// Adam 2), for the plan's checkpoint size; the micro-batch is sized with the optimizer itself.
+// The optimizer must keep the lr of each group in its options (set_lr, as torch::optim's do) and
+// save() / load() its state: checkpoints and exact resumes go through them, and on a resume its
+// state is moved to the parameters' device. optim.impl must stay auto (it picks among the
+// built-in kernels); steps are never captured in CUDA graphs. sgd and adamw are built in and
+// cannot be replaced: std::invalid_argument, as for an empty name or builder. A name registered
+// again gets the new builder.
+void register_optimizer(const std::string& name, OptimizerBuilder builder, const std::string& summary,
+                        int state_per_parameter);
+
+// sgd, adamw and every registered name, sorted.
+std::vector<std::string> optimizer_names();
+
+// Parameter-sized state tensors per parameter for `config`'s optimizer: adamw 2, sgd 1 with
+// momentum (else 0), a registered one what it declared. ConfigError for an unknown name, or for
+// optim.impl other than auto with a registered one (what make_optimizer would refuse).
+int optimizer_state_per_parameter(const OptimConfig& config);
 
 // How `optimizer` steps, for the plan and the log: "sgd fused", "adamw foreach", "sgd loop", ...;
 // "other" for an optimizer make_optimizer did not make.

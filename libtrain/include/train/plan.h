@@ -99,6 +99,9 @@ struct PlanInputs {
   bool static_shapes = true;     // every batch has the same input shape (data::Dataset::static_shapes)
   std::string varying_shapes;    // when not: the data whose shapes vary, for the reason
   bool capturable = false;       // models::Model::capturable: a step through it can be captured in a CUDA graph
+  // Parameter-sized tensors the optimizer keeps per parameter (optimizer_state_per_parameter,
+  // optim.h), for the checkpoint size; -1: from optim.name and optim.momentum (sgd or adamw).
+  int optimizer_state_per_parameter = -1;
   MemoryEvidence memory;
 };
 

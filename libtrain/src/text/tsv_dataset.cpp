@@ -31,6 +31,7 @@ TsvDataset::TsvDataset(TsvDatasetOptions options) : options_(std::move(options))
       }
       encode(options_.texts[i], data::kIgnoreIndex);
     }
+    take_fingerprint();
     return;
   }
   const std::string& path = options_.path;
@@ -81,6 +82,17 @@ TsvDataset::TsvDataset(TsvDatasetOptions options) : options_(std::move(options))
     }
     encode(texts[i], it - classes.begin());
   }
+  take_fingerprint();
+}
+
+// Once: the samples do not change, and every checkpoint asks again.
+void TsvDataset::take_fingerprint() {
+  data::Fingerprint print;
+  for (const std::string& name : options_.classes) print.add(name);
+  print.add(ids_.data(), ids_.size() * sizeof(int32_t));
+  print.add(offsets_.data(), offsets_.size() * sizeof(int64_t));
+  print.add(labels_.data(), labels_.size() * sizeof(int64_t));
+  fingerprint_ = print.value();
 }
 
 void TsvDataset::encode(const std::string& text, int64_t label) {
@@ -115,15 +127,6 @@ data::Batch TsvDataset::collate(std::vector<data::Example>&& examples) const {
   const int64_t longest = std::max<int64_t>(1, ends.max().item<int64_t>());
   if (longest < batch.input.size(1)) batch.input = batch.input.slice(1, 0, longest).contiguous();
   return batch;
-}
-
-uint64_t TsvDataset::fingerprint() const {
-  data::Fingerprint print;
-  for (const std::string& name : options_.classes) print.add(name);
-  print.add(ids_.data(), ids_.size() * sizeof(int32_t));
-  print.add(offsets_.data(), offsets_.size() * sizeof(int64_t));
-  print.add(labels_.data(), labels_.size() * sizeof(int64_t));
-  return print.value();
 }
 
 double TsvDataset::truncated_fraction() const {

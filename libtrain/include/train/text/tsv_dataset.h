@@ -51,16 +51,18 @@ class TsvDataset : public data::Dataset {
   const std::vector<int64_t>& labels() const { return labels_; }
   // Share of samples cut by max_length.
   double truncated_fraction() const;
-  uint64_t fingerprint() const override;  // of the encoded samples and labels
+  uint64_t fingerprint() const override { return fingerprint_; }  // of the encoded samples and labels
 
  private:
   void encode(const std::string& text, int64_t label);  // appends one sample
+  void take_fingerprint();
 
   TsvDatasetOptions options_;
   std::vector<int32_t> ids_;         // all sequences back to back
   std::vector<int64_t> offsets_;     // sequence i is ids_[offsets_[i], offsets_[i + 1])
   std::vector<int64_t> labels_;
   int64_t truncated_ = 0;
+  uint64_t fingerprint_ = 0;
 };
 
 // The sorted distinct labels of a TSV file (what TsvDataset uses when given no classes).
