@@ -409,49 +409,32 @@ int optimizer_state_per_parameter(const OptimConfig& config) {
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimConfig& config, torch::nn::Module& model,
                                                         double lr) {
-  std::vector<torch::Tensor> decay, no_decay;
+  OptimizerParams params;
+  params.config = config;
+  params.lr = lr;
   for (auto& p : model.parameters()) {
     if (!p.requires_grad()) continue;
-    (p.dim() <= 1 && !config.decay_norm_and_bias ? no_decay : decay).push_back(p);
+    (p.dim() <= 1 && !config.decay_norm_and_bias ? params.no_decay : params.decay).push_back(p);
   }
-  auto groups = [&](auto options) {
-    std::vector<torch::optim::OptimizerParamGroup> out;
-    if (!decay.empty()) {
-      auto o = std::make_unique<decltype(options)>(options);
-      o->weight_decay(config.weight_decay);
-      out.emplace_back(decay, std::move(o));
-    }
-    if (!no_decay.empty()) {
-      auto o = std::make_unique<decltype(options)>(options);
-      o->weight_decay(0.0);
-      out.emplace_back(no_decay, std::move(o));
-    }
-    return out;
-  };
   if (!built_in(config.name)) {
     const auto registered = find_registered(config.name);
     if (!registered) throw unknown_optimizer(config.name);
     check_impl(config, *registered);
-    OptimizerParams params;
-    params.decay = decay;
-    params.no_decay = no_decay;
-    params.config = config;
-    params.lr = lr;
     std::unique_ptr<torch::optim::Optimizer> made = registered->builder(params);
     if (!made) throw Error("the builder of optimizer '" + config.name + "' returned none");
     return made;
   }
   // What "auto" and "fused" can use depends on the device the parameters are on now.
-  const auto& trained = decay.empty() ? no_decay : decay;
+  const auto& trained = params.decay.empty() ? params.no_decay : params.decay;
   const Impl impl = choose_impl(config, trained.empty() ? c10::DeviceType::CPU : trained.front().device().type());
   if (config.name == "sgd") {
     auto options = SGDOptions(lr).momentum(config.momentum).nesterov(config.nesterov);
-    if (impl == Impl::kLoop) return std::make_unique<torch::optim::SGD>(groups(options), options);
-    return std::make_unique<MultiTensorSGD>(groups(options), options, impl == Impl::kFused);
+    if (impl == Impl::kLoop) return std::make_unique<torch::optim::SGD>(param_groups(params, options), options);
+    return std::make_unique<MultiTensorSGD>(param_groups(params, options), options, impl == Impl::kFused);
   }
   auto options = AdamWOptions(lr).betas({config.beta1, config.beta2}).eps(config.eps);
-  if (impl == Impl::kLoop) return std::make_unique<torch::optim::AdamW>(groups(options), options);
-  return std::make_unique<MultiTensorAdamW>(groups(options), options, impl == Impl::kFused);
+  if (impl == Impl::kLoop) return std::make_unique<torch::optim::AdamW>(param_groups(params, options), options);
+  return std::make_unique<MultiTensorAdamW>(param_groups(params, options), options, impl == Impl::kFused);
 }
 
 std::string optimizer_impl(const torch::optim::Optimizer& optimizer) {

@@ -95,7 +95,8 @@ std::string optimizer_impl(const torch::optim::Optimizer& optimizer);
 // CPU in contiguous layout; a CUDA or channels_last model needs it like its parameters before the
 // first step (the foreach and fused kernels take one device and one layout per list). Throws
 // std::invalid_argument naming the parameter index when a state is not its parameter's shape or dtype, or
-// is not finite (a damaged checkpoint).
+// is not finite (a damaged checkpoint). The state of any other optimizer (a registered one) goes
+// to the first parameter's device through the optimizer's own save() and load(), unchecked.
 void place_state_like_params(torch::optim::Optimizer& optimizer);
 
 void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);
