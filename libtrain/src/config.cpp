@@ -1759,6 +1759,14 @@ std::vector<std::string> accepted_optimizer_names() {
   return accepted.names;
 }
 
+std::string optimizer_name_problem(const std::string& name) { return check_optimizer_name(name); }
+
+int built_in_state_per_parameter(const OptimConfig& optim) {
+  if (optim.name == "adamw") return 2;
+  if (optim.name == "sgd") return optim.momentum > 0 ? 1 : 0;
+  return -1;
+}
+
 }  // namespace detail
 
 }  // namespace train

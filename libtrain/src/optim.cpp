@@ -12,7 +12,6 @@
 
 #include "compat.h"
 #include "optimizer_names.h"
-#include "suggest.h"
 #include "tensor_groups.h"
 #include "train/errors.h"
 #include "train/log.h"
@@ -356,13 +355,7 @@ void check_impl(const OptimConfig& config, const Registered& registered) {
 }
 
 ConfigError unknown_optimizer(const std::string& name) {
-  const std::vector<std::string> known = optimizer_names();
-  const std::string suggestion = detail::closest_match(name, known);
-  std::string list;
-  for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
-  return ConfigError("key 'optim.name': unknown optimizer '" + name + "'; " +
-                     (suggestion.empty() ? std::string() : "did you mean '" + suggestion + "'? ") + "known: " + list +
-                     " (a program adds its own with train::register_optimizer)");
+  return ConfigError("key 'optim.name': " + detail::optimizer_name_problem(name));
 }
 
 }  // namespace
@@ -387,19 +380,15 @@ void register_optimizer(const std::string& name, OptimizerBuilder builder, const
 }
 
 std::vector<std::string> optimizer_names() {
-  std::vector<std::string> names = {"adamw", "sgd"};
-  {
-    OptimizerRegistry& r = optimizer_registry();
-    const std::lock_guard<std::mutex> lock(r.mutex);
-    for (const auto& entry : r.entries) names.push_back(entry.first);
-  }
+  std::vector<std::string> names = detail::accepted_optimizer_names();
   std::sort(names.begin(), names.end());
   return names;
 }
 
 int optimizer_state_per_parameter(const OptimConfig& config) {
-  if (config.name == "adamw") return 2;
-  if (config.name == "sgd") return config.momentum > 0 ? 1 : 0;
+  if (const int built_in_count = detail::built_in_state_per_parameter(config); built_in_count >= 0) {
+    return built_in_count;
+  }
   if (const auto registered = find_registered(config.name)) {
     check_impl(config, *registered);
     return registered->state_per_parameter;

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "compat.h"
+#include "optimizer_names.h"
 #include "train/errors.h"
 #include "train/host_memory.h"
 #include "train/log.h"
@@ -489,10 +490,10 @@ Plan make_plan(const Config& config, const DeviceProfile& device, const PlanInpu
   // ---- checkpoints ----
   // fp32 parameters and the optimizer's state: AdamW keeps two moments per parameter, SGD with
   // momentum one buffer, a registered optimizer what it declared.
-  const int64_t state_copies = inputs.optimizer_state_per_parameter >= 0 ? inputs.optimizer_state_per_parameter
-                               : config.optim.name == "adamw"             ? 2
-                               : config.optim.name == "sgd" && config.optim.momentum > 0 ? 1
-                                                                                          : 0;
+  const int64_t state_copies =
+      inputs.optimizer_state_per_parameter >= 0
+          ? inputs.optimizer_state_per_parameter
+          : std::max(0, detail::built_in_state_per_parameter(config.optim));  // (registered, uncounted: 0)
   const int64_t checkpoint_bytes = inputs.model_params * 4 * (1 + state_copies);
   const std::string size = log::str("about ", log::fixed(static_cast<double>(checkpoint_bytes) / (1 << 20), 0),
                                     " MiB (parameters", state_copies > 0 ? " + " + config.optim.name + " state" : "", ")");
