@@ -1743,7 +1743,7 @@ TEST_CASE("SIGTERM to train launch: every rank stops after the same step, and --
                            "data: {kind: synthetic, channels: 1, image_size: 12, synthetic_train_samples: 256,"
                            " synthetic_val_samples: 40, workers: 1, random_flip: true}\n"
                            "optim: {name: sgd, lr: 0.05, momentum: 0.9}\n"
-                           "trainer: {global_batch: 16, max_steps: 300, device: cpu, eval_every_steps: 1000}\n"
+                           "trainer: {global_batch: 16, max_steps: 120, device: cpu, eval_every_steps: 1000}\n"
                            "tuning: {micro_batch: 4}\n"
                            "logging: {every_steps: 2}\n";
   const std::string whole = files::join(dir, "whole"), stopped = files::join(dir, "stopped");
@@ -1758,7 +1758,7 @@ TEST_CASE("SIGTERM to train launch: every rank stops after the same step, and --
   INFO(out);
   REQUIRE(rc == 3);  // stopped after a checkpoint (kExitStopped)
   CHECK_THAT(out, Catch::Contains("stop requested"));
-  REQUIRE_FALSE(files::exists(checkpoint_path(files::join(stopped, "checkpoints"), 300)));
+  REQUIRE_FALSE(files::exists(checkpoint_path(files::join(stopped, "checkpoints"), 120)));
   const std::string mid = latest_checkpoint(files::join(stopped, "checkpoints"));
   REQUIRE_FALSE(mid.empty());
 
@@ -1774,8 +1774,8 @@ TEST_CASE("SIGTERM to train launch: every rank stops after the same step, and --
     for (const auto& t : run.model->buffers()) out.push_back(t.detach().clone());
     return out;
   };
-  const auto a = weights(checkpoint_path(files::join(whole, "checkpoints"), 300));
-  const auto b = weights(checkpoint_path(files::join(stopped, "checkpoints"), 300));
+  const auto a = weights(checkpoint_path(files::join(whole, "checkpoints"), 120));
+  const auto b = weights(checkpoint_path(files::join(stopped, "checkpoints"), 120));
   CHECK(bitwise_equal(a, b));
   files::remove_all(dir);
 }
